@@ -1,0 +1,5 @@
+import sys
+
+from dflash.cli import main
+
+sys.exit(main())

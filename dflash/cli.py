@@ -1,0 +1,138 @@
+"""`python -m dflash generate|bench|train`. Bad arguments exit non-zero with one line, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import threading
+
+from dflash.errors import DFlashError
+
+# Subcommands living in their own packages: module path → function adding the parser.
+SUBCOMMANDS = {"bench": "dflash.bench.cli", "train": "dflash.training.cli"}
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("models")
+    g.add_argument("--preset", default="default", help="model preset from the registry (default: %(default)s)")
+    g.add_argument("--target", help="target: local transformers directory (safetensors) or hub id; overrides --preset")
+    g.add_argument("--draft", help="DFlash draft: local directory or hub id")
+    g.add_argument("--no-draft", action="store_true", help="autoregressive baseline (same loop, no draft)")
+    g.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                   help="auto = bfloat16 on GPU, float32 on CPU (measured faster here for block verification)")
+    g.add_argument("--device", help="cpu, cuda, cuda:1 … (default: cuda when available)")
+    g.add_argument("--threads", type=int, help="torch CPU threads")
+    g.add_argument("--quantize", choices=["4bit", "8bit"], help="load the target with bitsandbytes (CUDA only)")
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("decoding")
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--block-size", type=int, help="tokens verified per step (default: the draft's trained size)")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--verify", choices=["match", "rejection"], default="match",
+                   help="sampling rule: match = target's own seeded sample (exact, reproducible); rejection = Leviathan")
+    g.add_argument("--steps", type=int, default=1, help="denoising steps per block (1 = the paper's single pass)")
+    g.add_argument("--confidence-threshold", type=float, default=0.9, help="commit positions at least this confident (steps > 1)")
+    g.add_argument("--adaptive", choices=["fixed", "slow-start", "cost"], default="fixed", help="block-size controller")
+    g.add_argument("--min-block-size", type=int, default=2)
+    g.add_argument("--max-block-size", type=int)
+    g.add_argument("--acceptance-threshold", type=float, default=1.0, help="1.0 = exact; < 1 relaxed and LOSSY")
+    g.add_argument("--deadline", type=float, default=600.0, help="wall-clock limit per request, seconds")
+
+
+def request_kwargs(args: argparse.Namespace) -> dict:
+    """Engine options shared by generate and bench (everything but the prompt)."""
+    return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                seed=args.seed, use_draft=not args.no_draft, block_size=args.block_size, diffusion_steps=args.steps,
+                confidence_threshold=args.confidence_threshold, acceptance_threshold=args.acceptance_threshold,
+                adaptive=args.adaptive, min_block_size=args.min_block_size, max_block_size=args.max_block_size,
+                verify=args.verify, deadline_s=args.deadline)
+
+
+def engine_from_args(args: argparse.Namespace):
+    from dflash.load import load_engine
+
+    return load_engine(args.preset, args.target, args.draft, args.no_draft, args.dtype, args.device, args.threads,
+                       quantize=args.quantize)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from dflash.events import Commit, Finished, event_to_dict
+    from dflash.request import Request
+
+    if args.prompt is None and args.prompt_ids is None:
+        raise DFlashError("generate: give --prompt TEXT or --prompt-ids 1,2,3")
+    ids = None
+    if args.prompt_ids is not None:
+        try:
+            ids = tuple(int(x) for x in args.prompt_ids.split(",") if x.strip())
+        except ValueError:
+            raise DFlashError("--prompt-ids: must be comma-separated integers") from None
+    request = Request(prompt=args.prompt or "", prompt_ids=ids, **request_kwargs(args))
+    engine, info = engine_from_args(args)
+    if not args.json:
+        print(f"[loaded {info['target']} in {info['target_load_s']:.1f} s on {info['device']}/{info['dtype']}"
+              + (f"; draft {info['draft']}" if "draft" in info else "; no draft") + "]", file=sys.stderr)
+    trace = open(args.trace, "w") if args.trace else None
+    cancel = threading.Event()
+    fin = None
+    try:
+        for event in engine.stream(request, cancel):
+            if trace:
+                trace.write(json.dumps(event_to_dict(event)) + "\n")
+            if isinstance(event, Commit) and not args.json:
+                print(event.text_delta, end="", flush=True)
+            if isinstance(event, Finished):
+                fin = event
+    except KeyboardInterrupt:
+        cancel.set()
+    finally:
+        if trace:
+            trace.close()
+    if args.json:
+        print(json.dumps({"output_ids": fin.output_ids, "text": fin.text, "finish_reason": fin.reason,
+                          "message": fin.message, "stats": fin.stats}))
+    else:
+        s = fin.stats
+        print(f"\n\n[{fin.reason}{': ' + fin.message if fin.message else ''}] {s['n_output_tokens']} tokens, "
+              f"tau {s['tau']:.2f}, {s['tokens_per_s']:.1f} tok/s, TTFT {s['ttft_ms']:.0f} ms, "
+              f"draft {s['draft_ms']:.0f} ms / verify {s['verify_ms']:.0f} ms"
+              + (f", LOSSY: {s['drift_tokens']} tokens differ from the target's own choice" if s["lossy"] else ""),
+              file=sys.stderr)
+    return 0 if fin.reason != "error" else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m dflash", description="DFlash block-diffusion speculative decoding")
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="stream one answer and print statistics")
+    g.add_argument("--prompt", help="user message (the chat template is applied)")
+    g.add_argument("--prompt-ids", help="raw prompt token ids, comma-separated (no template)")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    g.add_argument("--trace", help="write every event as JSON lines to this file")
+    add_model_args(g)
+    add_engine_args(g)
+    g.set_defaults(func=cmd_generate)
+    for name, module in SUBCOMMANDS.items():
+        try:
+            importlib.import_module(module).add_parser(sub)
+        except ModuleNotFoundError as exc:
+            if not module.startswith(exc.name or "-"):
+                raise
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except DFlashError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

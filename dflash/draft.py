@@ -1,0 +1,276 @@
+"""The DFlash draft model in the z-lab checkpoint format (DESIGN §3), loadable by vLLM / SGLang.
+
+A few Qwen3-style decoder layers run non-causally over one block. Target features from several target layers
+are fused (`fc` + `hidden_norm`) and injected as extra keys/values into every layer; queries come only from the
+block. Embedding and LM head are the target's (not stored here).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dflash.errors import ModelLoadError
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+VOCAB_NAME = "draft_vocab.safetensors"  # our extension: restricted draft vocabulary (FR-Spec style)
+
+
+def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab default: one draft layer → [L // 2]; n > 1 → n layers spread from layer 1 to layer L - 3."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    return [round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def extract_context_feature(hidden_states: tuple[torch.Tensor, ...] | list[torch.Tensor], layer_ids: list[int]) -> torch.Tensor:
+    """Concatenate the outputs of target layers `layer_ids` from a transformers `hidden_states` tuple.
+
+    Index 0 of that tuple is the embedding output, so decoder layer j's output is hidden_states[j + 1]
+    (an off-by-one here stays lossless but ruins acceptance). Returns [B, T, len(layer_ids) * H].
+    """
+    return torch.cat([hidden_states[j + 1] for j in layer_ids], dim=-1)
+
+
+@dataclass
+class DraftConfig:
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    num_target_layers: int
+    block_size: int = 16
+    mask_token_id: int = 0
+    target_layer_ids: list[int] = field(default_factory=list)
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 40960
+
+    def __post_init__(self) -> None:
+        if not self.target_layer_ids:
+            self.target_layer_ids = build_target_layer_ids(self.num_target_layers, self.num_hidden_layers)
+        bad = [j for j in self.target_layer_ids if not 0 <= j < self.num_target_layers]
+        if bad:
+            raise ValueError(f"target_layer_ids {bad} outside [0, {self.num_target_layers})")
+        if self.block_size < 2:
+            raise ValueError("block_size must be >= 2")
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """config.json in the z-lab layout."""
+        d = asdict(self)
+        dflash = {"mask_token_id": d.pop("mask_token_id"), "target_layer_ids": d.pop("target_layer_ids")}
+        return {
+            "architectures": ["DFlashDraftModel"],
+            "model_type": "qwen3",
+            **d,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16",
+            "dflash_config": dflash,
+        }
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any]) -> "DraftConfig":
+        dflash = d.get("dflash_config") or {}
+        keys = {f for f in cls.__dataclass_fields__}
+        kw = {k: v for k, v in d.items() if k in keys}
+        # Some checkpoints keep block_size / num_target_layers inside dflash_config (SGLang accepts both).
+        for k in ("block_size", "num_target_layers"):
+            if k in dflash:
+                kw[k] = dflash[k]
+        kw["mask_token_id"] = dflash.get("mask_token_id", d.get("mask_token_id", 0))
+        kw["target_layer_ids"] = list(dflash.get("target_layer_ids") or [])
+        kw.setdefault("head_dim", d["hidden_size"] // d["num_attention_heads"])
+        return cls(**kw)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_inv_freq(cfg: DraftConfig) -> torch.Tensor:
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+    rs = cfg.rope_scaling or {}
+    if rs.get("rope_type", rs.get("type")) == "llama3":  # LLaMA-3.1 frequency-dependent scaling
+        factor, lo, hi = rs["factor"], rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
+        old = rs.get("original_max_position_embeddings", 8192)
+        wavelen = 2 * math.pi / inv
+        smooth = ((old / wavelen) - lo) / (hi - lo)
+        scaled = torch.where(wavelen > old / lo, inv / factor, inv)
+        mid = (wavelen <= old / lo) & (wavelen >= old / hi)
+        inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    return inv
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """x: [B, heads, T, hd]; positions: [T] absolute positions."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, hd/2]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        h, hd = cfg.hidden_size, cfg.head_dim
+        self.n_heads, self.n_kv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, hd
+        self.q_proj = nn.Linear(h, self.n_heads * hd, bias=False)
+        self.k_proj = nn.Linear(h, self.n_kv * hd, bias=False)
+        self.v_proj = nn.Linear(h, self.n_kv * hd, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * hd, h, bias=False)
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+
+    def kv(self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values of x [B, T, H] → ([B, kv, T, hd], [B, kv, T, hd]), k normed and rotated."""
+        b, t, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, self.hd)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.hd).transpose(1, 2)
+        return apply_rope(k, positions, inv_freq), v
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+                ctx_kv: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, self.hd)).transpose(1, 2)
+        q = apply_rope(q, positions, inv_freq)  # [B, nh, t, hd]
+        k_blk, v_blk = self.kv(x, positions, inv_freq)
+        k = torch.cat([ctx_kv[0], k_blk], dim=2)  # [B, kv, ctx + t, hd]
+        v = torch.cat([ctx_kv[1], v_blk], dim=2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False, enable_gqa=self.n_heads != self.n_kv)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.hd))
+
+
+class DraftMLP(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DraftAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = DraftMLP(cfg)
+
+    def forward(self, x, positions, inv_freq, ctx_kv, mask):
+        x = x + self.self_attn(self.input_layernorm(x), positions, inv_freq, ctx_kv, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDraftModel(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.config = cfg
+        k = len(cfg.target_layer_ids)
+        self.fc = nn.Linear(k * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.inv_freq = rope_inv_freq(cfg)  # float32 on purpose: not a buffer, so .to(bfloat16) leaves it exact
+
+    def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per-layer injected K/V for target features [B, T, k*H] at absolute `positions` [T]."""
+        ctx = self.hidden_norm(self.fc(features))  # [B, T, H]
+        inv = self.inv_freq.to(features.device)
+        return [layer.self_attn.kv(ctx, positions, inv) for layer in self.layers]
+
+    def forward(self, block_embeds: torch.Tensor, positions: torch.Tensor,
+                ctx_kv: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor | None = None) -> torch.Tensor:
+        """block_embeds [B, t, H] (target embedding of the block tokens) → final hidden [B, t, H].
+
+        mask: additive or boolean [B|1, 1, t, ctx + t] (training packs many blocks); None = see everything.
+        """
+        x = block_embeds
+        inv = self.inv_freq.to(x.device)
+        for layer, kv in zip(self.layers, ctx_kv):
+            x = layer(x, positions, inv, kv, mask)
+        return self.norm(x)
+
+
+class DraftCache:
+    """Injected context K/V of the committed tokens, per layer. Block K/V are never stored."""
+
+    def __init__(self) -> None:
+        self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def __len__(self) -> int:
+        return self.kv[0][0].shape[2] if self.kv else 0
+
+    def append(self, new: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        if not self.kv:
+            self.kv = list(new)
+        else:
+            self.kv = [(torch.cat([k, nk], 2), torch.cat([v, nv], 2)) for (k, v), (nk, nv) in zip(self.kv, new)]
+
+    def crop(self, n: int) -> None:
+        self.kv = [(k[:, :, :n], v[:, :, :n]) for k, v in self.kv]
+
+
+def save_draft(model: DFlashDraftModel, directory: str | Path, vocab_ids: torch.Tensor | None = None,
+               extra_config: dict[str, Any] | None = None) -> None:
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    cfg = model.config.to_hf_dict()
+    if extra_config:
+        cfg.update(extra_config)
+    (directory / CONFIG_NAME).write_text(json.dumps(cfg, indent=2) + "\n")
+    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(directory / WEIGHTS_NAME))
+    if vocab_ids is not None:
+        save_file({"token_ids": vocab_ids.to(torch.int64).contiguous()}, str(directory / VOCAB_NAME))
+
+
+def load_draft(directory: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> tuple[DFlashDraftModel, torch.Tensor | None]:
+    """Load config.json + model.safetensors with strict key matching. Returns (model, draft vocab ids or None)."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    if not (directory / CONFIG_NAME).is_file():
+        raise ModelLoadError(f"draft: no {CONFIG_NAME} in the draft directory")
+    if not (directory / WEIGHTS_NAME).is_file():
+        raise ModelLoadError(f"draft: weights must be {WEIGHTS_NAME} (safetensors); other formats are refused")
+    cfg = DraftConfig.from_hf_dict(json.loads((directory / CONFIG_NAME).read_text()))
+    model = DFlashDraftModel(cfg)
+    state = load_file(str(directory / WEIGHTS_NAME))
+    state = {k.removeprefix("model."): v for k, v in state.items()}
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise ModelLoadError(f"draft: checkpoint keys do not match the DFlash layout ({str(exc).splitlines()[0]})") from None
+    vocab = load_file(str(directory / VOCAB_NAME))["token_ids"] if (directory / VOCAB_NAME).is_file() else None
+    return model.to(device=device, dtype=dtype).eval(), vocab

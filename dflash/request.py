@@ -1,0 +1,118 @@
+"""The generation request: a frozen dataclass that validates itself (DESIGN §4.5).
+
+Every bad value raises `ValidationError(param, message)` naming the field and the allowed range; NaN and
+infinity are rejected explicitly (Gradio lets NaN through slider bounds). Limits that depend on the loaded
+models (block size vs the draft, the context budget) are checked by `Engine.check`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from dflash.adaptive import POLICIES
+from dflash.errors import ValidationError
+
+MAX_PROMPT_CHARS = 32_000
+MAX_PROMPT_TOKENS = 8_192
+MAX_NEW_TOKENS = 4_096
+MAX_BLOCK_SIZE = 64
+MAX_STEPS = 16
+MAX_SEED = 2**63 - 1
+VERIFY_RULES = ("match", "rejection")
+
+
+def _int(name: str, value: Any, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(name, f"must be an integer in [{lo}, {hi}], got {value!r}")
+    if not lo <= value <= hi:
+        raise ValidationError(name, f"must be in [{lo}, {hi}], got {value}")
+
+
+def _float(name: str, value: Any, lo: float, hi: float, lo_open: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValidationError(name, f"must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValidationError(name, f"must be a finite number, got {value}")
+    if (value <= lo if lo_open else value < lo) or value > hi:
+        raise ValidationError(name, f"must be in {'(' if lo_open else '['}{lo}, {hi}], got {value}")
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: str = ""
+    prompt_ids: tuple[int, ...] | None = None  # raw token ids: bypasses the chat template
+    chat_template: bool = True  # apply the target's chat template to `prompt`
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    use_draft: bool = True  # False: the autoregressive baseline (same loop, block size 1)
+    block_size: int | None = None  # None: the draft's trained block size
+    diffusion_steps: int = 1
+    confidence_threshold: float = 0.9
+    acceptance_threshold: float = 1.0  # < 1 is lossy (relaxed verification)
+    adaptive: str = "fixed"
+    min_block_size: int = 2
+    max_block_size: int | None = None  # None: the draft's trained block size
+    verify: str = "match"
+    deadline_s: float | None = 600.0
+    stop_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.prompt_ids is None:
+            if not isinstance(self.prompt, str) or not self.prompt.strip():
+                raise ValidationError("prompt", "must be a non-empty string")
+            if len(self.prompt) > MAX_PROMPT_CHARS:
+                raise ValidationError("prompt", f"is {len(self.prompt)} characters; the limit is {MAX_PROMPT_CHARS}")
+        else:
+            ids = self.prompt_ids
+            if not isinstance(ids, (tuple, list)) or not ids:
+                raise ValidationError("prompt_ids", "must be a non-empty sequence of token ids")
+            if len(ids) > MAX_PROMPT_TOKENS:
+                raise ValidationError("prompt_ids", f"has {len(ids)} tokens; the limit is {MAX_PROMPT_TOKENS}")
+            if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+                raise ValidationError("prompt_ids", "must contain non-negative integers")
+            object.__setattr__(self, "prompt_ids", tuple(ids))
+        _int("max_new_tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS)
+        _float("temperature", self.temperature, 0.0, 2.0)
+        _float("top_p", self.top_p, 0.0, 1.0, lo_open=True)
+        _int("top_k", self.top_k, 0, 1_000_000)
+        _int("seed", self.seed, 0, MAX_SEED)
+        if self.block_size is not None:
+            _int("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
+        _int("diffusion_steps", self.diffusion_steps, 1, MAX_STEPS)
+        _float("confidence_threshold", self.confidence_threshold, 0.0, 1.0, lo_open=True)
+        _float("acceptance_threshold", self.acceptance_threshold, 0.0, 1.0, lo_open=True)
+        if self.adaptive not in POLICIES:
+            raise ValidationError("adaptive", f"must be one of {', '.join(POLICIES)}, got {self.adaptive!r}")
+        _int("min_block_size", self.min_block_size, 1, MAX_BLOCK_SIZE)
+        if self.max_block_size is not None:
+            _int("max_block_size", self.max_block_size, 1, MAX_BLOCK_SIZE)
+            if self.max_block_size < self.min_block_size:
+                raise ValidationError("max_block_size", f"must be >= min_block_size ({self.min_block_size}), got {self.max_block_size}")
+        if self.verify not in VERIFY_RULES:
+            raise ValidationError("verify", f"must be one of {', '.join(VERIFY_RULES)}, got {self.verify!r}")
+        if self.verify == "rejection" and self.diffusion_steps > 1:
+            # Rejection sampling needs each position's proposal law q; with S > 1 a position depends on later ones.
+            raise ValidationError("diffusion_steps", "must be 1 with verify='rejection' (use verify='match')")
+        if self.verify == "rejection" and self.acceptance_threshold < 1.0:
+            raise ValidationError("acceptance_threshold", "must be 1.0 with verify='rejection' (relaxed acceptance applies to 'match')")
+        if self.deadline_s is not None:
+            _float("deadline_s", self.deadline_s, 0.0, 86_400.0, lo_open=True)
+        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in self.stop_ids):
+            raise ValidationError("stop_ids", "must contain non-negative integers")
+        object.__setattr__(self, "stop_ids", tuple(self.stop_ids))
+
+    @property
+    def lossy(self) -> bool:
+        return self.acceptance_threshold < 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["prompt_ids"] = list(self.prompt_ids) if self.prompt_ids is not None else None
+        d["stop_ids"] = list(self.stop_ids)
+        return d

@@ -1,0 +1,47 @@
+"""`python -m dflash train data|fit|eval` — the draft training pipeline (DESIGN §5)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from dflash.registry import SMOLLM2_GGUF
+
+DEFAULT_LAYERS = "1,8,14,15,21,27"  # a superset, so drafts of 1-3 layers can be ablated on one data set
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from dflash.training.data import run_data
+
+    run_data(args.target, args.out, args.prompts, _ints(args.layers), args.batch_size, args.max_prompt_tokens,
+             args.max_new_tokens, args.sampled_every, args.temperature, args.seed, args.threads)
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("train", help="train a DFlash draft: data → fit → eval")
+    stages = p.add_subparsers(dest="stage", required=True)
+    d = stages.add_parser("data", help="regenerate ShareGPT responses with the target, capturing its features")
+    d.add_argument("--target", default=SMOLLM2_GGUF)
+    d.add_argument("--out", required=True, help="data directory (resumable: existing shards are kept)")
+    d.add_argument("--prompts", type=int, default=2000, help="number of training prompts")
+    d.add_argument("--layers", default=DEFAULT_LAYERS, help="target layers whose outputs are stored")
+    d.add_argument("--batch-size", type=int, default=32)
+    d.add_argument("--max-prompt-tokens", type=int, default=256)
+    d.add_argument("--max-new-tokens", type=int, default=192)
+    d.add_argument("--sampled-every", type=int, default=4, help="every Nth shard is sampled (T=--temperature), the rest greedy")
+    d.add_argument("--temperature", type=float, default=0.7)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--threads", type=int)
+    d.set_defaults(func=cmd_data)
+    for extra in ("dflash.training.fit_cli",):
+        try:
+            __import__(extra, fromlist=["add_stages"]).add_stages(stages)
+        except ModuleNotFoundError as exc:
+            if not extra.startswith(exc.name or "-"):
+                raise
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
