@@ -1,0 +1,57 @@
+"""Shared fixtures: tiny random targets (Llama and Qwen3 architectures) and DFlash drafts built from configs.
+
+No downloads: every model here is random-initialised from a config, in float32, on the CPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash.draft import DFlashDraftModel, DraftConfig
+from dflash.engine import Engine
+from dflash.target import Target
+
+VOCAB = 256
+MASK_ID = VOCAB - 1
+
+
+def tiny_target(arch: str = "llama", seed: int = 0, eos: int | None = None, layers: int = 4) -> Target:
+    """A random causal LM with varied (non-degenerate) greedy outputs. eos: id used as EOS (None: no EOS)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=128, max_position_embeddings=512, initializer_range=0.3, eos_token_id=eos,
+                  bos_token_id=None, pad_token_id=None)
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=True, **common))
+    elif arch == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, tie_word_embeddings=False, **common))
+    else:
+        raise ValueError(arch)
+    model.generation_config.eos_token_id = eos
+    return Target(model, None, name=f"tiny-{arch}")
+
+
+def tiny_draft(target: Target, block_size: int = 8, layers: int = 1, seed: int = 1, mask_id: int = MASK_ID) -> DFlashDraftModel:
+    torch.manual_seed(seed)
+    cfg = DraftConfig(hidden_size=target.hidden_size, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16, intermediate_size=128, vocab_size=target.vocab_size, num_target_layers=target.num_layers,
+                      block_size=block_size, mask_token_id=mask_id)
+    return DFlashDraftModel(cfg)
+
+
+@pytest.fixture
+def llama_target() -> Target:
+    return tiny_target("llama")
+
+
+@pytest.fixture
+def qwen3_target() -> Target:
+    return tiny_target("qwen3")
+
+
+@pytest.fixture
+def engine(llama_target: Target) -> Engine:
+    return Engine(llama_target, tiny_draft(llama_target))
