@@ -12,6 +12,10 @@ from dflash.draft import DFlashDraftModel, DraftConfig
 from dflash.engine import Engine
 from dflash.target import Target
 
+# One thread: the CI/dev machines have 2 cores shared with other jobs, and OpenMP spinning under contention
+# makes tiny-model ops 10-20x slower with 2 threads (measured).
+torch.set_num_threads(1)
+
 VOCAB = 256
 MASK_ID = VOCAB - 1
 

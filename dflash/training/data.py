@@ -102,22 +102,13 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, stop_id
 def run_data(target: str, out_dir: str, n_prompts: int, layer_ids: list[int], batch_size: int = 32,
              max_prompt_tokens: int = 256, max_new_tokens: int = 192, sampled_every: int = 4,
              temperature: float = 0.7, seed: int = 0, threads: int | None = None) -> None:
-    from safetensors.torch import save_file
-
+    """ShareGPT training prompts (chat template applied) → shards in `out_dir`."""
     from dflash.datasets import sharegpt_prompts
-    from dflash.target import Target, load_target_model
+    from dflash.target import load_target_model
 
     if threads:
         torch.set_num_threads(threads)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     model, tokenizer = load_target_model(target)
-    model.eval()
-    stops = Target(model, tokenizer).stop_ids()
-    meta = {"target": target, "layer_ids": layer_ids, "max_new_tokens": max_new_tokens, "sampled_every": sampled_every,
-            "temperature": temperature, "seed": seed, "batch_size": batch_size, "hidden_size": model.config.hidden_size,
-            "num_target_layers": model.config.num_hidden_layers, "vocab_size": model.config.vocab_size}
-    (out / "meta.json").write_text(json.dumps(meta, indent=2))
     prompts = []
     for text in sharegpt_prompts("train"):
         ids = chat_ids(tokenizer, text)
@@ -125,6 +116,26 @@ def run_data(target: str, out_dir: str, n_prompts: int, layer_ids: list[int], ba
             prompts.append(ids)
         if len(prompts) >= n_prompts:
             break
+    write_shards(model, tokenizer, target, prompts, out_dir, layer_ids, batch_size, max_new_tokens, sampled_every,
+                 temperature, seed)
+
+
+def write_shards(model, tokenizer, target: str, prompts: list[list[int]], out_dir: str, layer_ids: list[int],
+                 batch_size: int, max_new_tokens: int, sampled_every: int, temperature: float, seed: int) -> None:
+    """Generate responses for `prompts` (token ids) in batches; one shard per batch; existing shards are kept."""
+    from safetensors.torch import save_file
+
+    from dflash.target import Target
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.eval()
+    stops = Target(model, tokenizer).stop_ids()
+    pad = (tokenizer.pad_token_id if tokenizer is not None else None) or 0
+    meta = {"target": target, "layer_ids": layer_ids, "max_new_tokens": max_new_tokens, "sampled_every": sampled_every,
+            "temperature": temperature, "seed": seed, "batch_size": batch_size, "hidden_size": model.config.hidden_size,
+            "num_target_layers": model.config.num_hidden_layers, "vocab_size": model.config.vocab_size}
+    (out / "meta.json").write_text(json.dumps(meta, indent=2))
     capture = Capture(model, layer_ids)
     gen = torch.Generator().manual_seed(seed)
     n_shards = (len(prompts) + batch_size - 1) // batch_size
@@ -136,7 +147,7 @@ def run_data(target: str, out_dir: str, n_prompts: int, layer_ids: list[int], ba
         batch = prompts[s * batch_size:(s + 1) * batch_size]
         temp = temperature if sampled_every and s % sampled_every == sampled_every - 1 else 0.0
         gen.manual_seed(seed * 100_003 + s)
-        rows = generate_batch(model, batch, max_new_tokens, stops, tokenizer.pad_token_id or 0, capture, temp, gen)
+        rows = generate_batch(model, batch, max_new_tokens, stops, pad, capture, temp, gen)
         ids = [torch.tensor(r[0]) for r in rows]
         lens = torch.tensor([0] + [len(x) for x in ids])
         tensors = {"input_ids": torch.cat(ids), "offsets": lens.cumsum(0), "prompt_lens": torch.tensor([len(p) for p in batch]),

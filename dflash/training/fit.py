@@ -1,0 +1,287 @@
+"""Stage `fit`: train a DFlash draft on the regenerated data (nanoGPT-style readable loop).
+
+Per step: a few sequences; in each, random anchors inside the response, blocks [anchor, MASK × (b-1)] packed
+with a block-diagonal mask that shows each block the target features strictly before its anchor; loss =
+position-weighted cross-entropy on masked positions (+ optional KL to the target's distribution). Embedding and
+LM head are the target's, frozen. Checkpoints: the draft in DFlash format (bf16, for serving) plus a float32
+trainer state (weights + AdamW moments + step) in safetensors, so a resumed run continues exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from dflash.draft import DFlashDraftModel, DraftConfig, build_target_layer_ids, save_draft
+from dflash.training.objective import (block_attention_mask, cosine_lr, default_gamma, partial_mask, position_weights,
+                                       sample_anchors, weighted_loss)
+
+log = logging.getLogger("dflash.train")
+STATE_NAME = "trainer_state.safetensors"
+
+
+@dataclass
+class FitConfig:
+    data: str
+    out: str
+    layers: int = 1
+    target_layer_ids: list[int] = field(default_factory=list)  # default: the z-lab rule for `layers`
+    block_size: int = 8
+    gamma: float = 0.0  # 0: the paper's value for the block size
+    steps: int = 2000
+    seqs_per_step: int = 8
+    anchors_per_seq: int = 16
+    lr: float = 6e-4
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    partial_prob: float = 0.0
+    kl_weight: float = 0.0
+    draft_vocab: int = 8192  # 0: the full target vocabulary
+    mask_token_id: int = 16
+    intermediate_size: int = 0  # 0: the target's
+    seed: int = 0
+    ckpt_every: int = 250
+    eval_every: int = 250
+    holdout_shards: int = 1
+    threads: int = 0
+
+    def __post_init__(self) -> None:
+        if self.layers < 1:
+            raise ValueError("layers must be >= 1")
+        if self.block_size < 2:
+            raise ValueError("block_size must be >= 2")
+        if self.steps < 1 or self.seqs_per_step < 1 or self.anchors_per_seq < 1:
+            raise ValueError("steps, seqs_per_step and anchors_per_seq must be >= 1")
+        if not 0.0 <= self.partial_prob <= 1.0:
+            raise ValueError("partial_prob must be in [0, 1]")
+        if self.lr <= 0 or self.kl_weight < 0:
+            raise ValueError("lr must be > 0 and kl_weight >= 0")
+
+
+class Corpus:
+    """Sequences from the data shards, with the feature columns of the chosen target layers."""
+
+    def __init__(self, data_dir: str, layer_ids: list[int], holdout: int):
+        from dflash.training.data import load_shards
+
+        meta = json.loads((Path(data_dir) / "meta.json").read_text())
+        stored = meta["layer_ids"]
+        missing = [j for j in layer_ids if j not in stored]
+        if missing:
+            raise ValueError(f"target layers {missing} are not in the data (stored: {stored})")
+        h = meta["hidden_size"]
+        cols = torch.cat([torch.arange(stored.index(j) * h, (stored.index(j) + 1) * h) for j in layer_ids])
+        self.meta = meta
+        self.train, self.heldout = [], []
+        shards = load_shards(data_dir)
+        if len(shards) <= holdout:
+            holdout = 0
+        for s, shard in enumerate(shards):
+            dest = self.heldout if s >= len(shards) - holdout else self.train
+            off = shard["offsets"].tolist()
+            feats = shard["features"][:, cols]
+            for i in range(len(off) - 1):
+                dest.append({"ids": shard["input_ids"][off[i]:off[i + 1]], "feats": feats[off[i]:off[i + 1]],
+                             "final": shard["final_hidden"][off[i]:off[i + 1]], "prompt_len": int(shard["prompt_lens"][i])})
+
+    def token_counts(self, vocab: int) -> torch.Tensor:
+        counts = torch.zeros(vocab, dtype=torch.long)
+        for s in self.train:
+            counts += torch.bincount(s["ids"][s["prompt_len"]:], minlength=vocab)
+        return counts
+
+
+def frequent_vocab(counts: torch.Tensor, size: int, always: list[int]) -> torch.Tensor:
+    """The `size` most frequent response tokens (FR-Spec), plus `always` (stop ids), sorted."""
+    top = torch.topk(counts, min(size, counts.numel())).indices.tolist()
+    ids = sorted(set(top[: size - len(always)]) | set(always))
+    return torch.tensor(ids, dtype=torch.long)
+
+
+class Trainer:
+    def __init__(self, cfg: FitConfig):
+        from dflash.registry import SMOLLM2_GGUF
+        from dflash.target import Target, load_target_model
+
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.cfg = cfg
+        meta = json.loads((Path(cfg.data) / "meta.json").read_text())
+        model, tokenizer = load_target_model(meta.get("target", SMOLLM2_GGUF))
+        tc = model.config
+        # Frozen, shared: the target's embedding and LM head. [V, H] each.
+        self.embed = model.get_input_embeddings().weight.detach().float().clone()
+        self.lm_head = model.get_output_embeddings().weight.detach().float().clone()
+        stops = sorted(Target(model, tokenizer).stop_ids())
+        final_norm = model.model.norm.weight.detach().float().clone()  # [H]
+        del model
+        layer_ids = cfg.target_layer_ids or build_target_layer_ids(tc.num_hidden_layers, cfg.layers)
+        self.corpus = Corpus(cfg.data, layer_ids, cfg.holdout_shards)
+        head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+        self.dcfg = DraftConfig(hidden_size=tc.hidden_size, num_hidden_layers=cfg.layers,
+                                num_attention_heads=tc.num_attention_heads, num_key_value_heads=tc.num_key_value_heads,
+                                head_dim=head_dim, intermediate_size=cfg.intermediate_size or tc.intermediate_size,
+                                vocab_size=self.embed.shape[0], num_target_layers=tc.num_hidden_layers,
+                                block_size=cfg.block_size, mask_token_id=cfg.mask_token_id, target_layer_ids=layer_ids,
+                                rms_norm_eps=tc.rms_norm_eps, rope_theta=getattr(tc, "rope_theta", 10000.0),
+                                max_position_embeddings=tc.max_position_embeddings)
+        torch.manual_seed(cfg.seed)
+        self.draft = DFlashDraftModel(self.dcfg)
+        for mod in self.draft.modules():
+            if isinstance(mod, torch.nn.Linear):
+                torch.nn.init.normal_(mod.weight, std=0.02)
+        with torch.no_grad():  # the target's final-norm gain gives the shared LM head its expected input scale
+            self.draft.norm.weight.copy_(final_norm)
+        if cfg.draft_vocab:
+            self.vocab = frequent_vocab(self.corpus.token_counts(self.embed.shape[0]), cfg.draft_vocab, stops)
+        else:
+            self.vocab = torch.arange(self.embed.shape[0])
+        self.head = self.lm_head[self.vocab].contiguous()  # [Vd, H]
+        self.remap = torch.full((self.embed.shape[0],), -1, dtype=torch.long)
+        self.remap[self.vocab] = torch.arange(len(self.vocab))
+        self.weights = position_weights(cfg.block_size, cfg.gamma or default_gamma(cfg.block_size))
+        self.opt = torch.optim.AdamW(self.draft.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+        self.step = 0
+        self.log_path = Path(cfg.out) / "train_log.jsonl"
+
+    # -- one batch --------------------------------------------------------------------------------------
+    def seq_loss(self, seq: dict, gen: torch.Generator, partial_prob: float) -> tuple[torch.Tensor, dict] | None:
+        b = self.cfg.block_size
+        ids, T = seq["ids"], seq["ids"].shape[0]
+        anchors = sample_anchors(seq["prompt_len"], T, b, self.cfg.anchors_per_seq, gen)  # [nb]
+        if anchors.numel() == 0:
+            return None
+        nb = anchors.shape[0]
+        offs = torch.arange(b)
+        pos = (anchors[:, None] + offs[None, :])  # [nb, b] absolute positions
+        truth = ids[pos]  # [nb, b]
+        masked = partial_mask(nb, b, partial_prob, gen)  # [nb, b]
+        inputs = torch.where(masked, torch.full_like(truth, self.cfg.mask_token_id), truth)
+        feats = seq["feats"].float()[None]  # [1, T, k*H]
+        ctx_kv = self.draft.context_kv(feats, torch.arange(T))
+        mask = block_attention_mask(anchors, T, b)[None, None]  # [1, 1, nb*b, T + nb*b]
+        hidden = self.draft(self.embed[inputs.flatten()][None], pos.flatten(), ctx_kv, mask)[0]  # [nb*b, H]
+        sel = masked.flatten()
+        logits = hidden[sel] @ self.head.T  # [N, Vd]
+        labels = self.remap[truth.flatten()[sel]]
+        w = self.weights[(offs[None, :].expand(nb, b).flatten()[sel]) - 1]
+        teacher = None
+        if self.cfg.kl_weight > 0:
+            prev = pos.flatten()[sel] - 1  # the target's hidden at p-1 predicts the token at p
+            teacher = seq["final"][prev].float() @ self.head.T
+        return weighted_loss(logits, labels, w, labels >= 0, teacher, self.cfg.kl_weight)
+
+    def batch_generator(self, step: int) -> torch.Generator:
+        return torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step)  # same batches after a resume
+
+    def train_step(self) -> dict:
+        cfg = self.cfg
+        gen = self.batch_generator(self.step)
+        picks = torch.randint(0, len(self.corpus.train), (cfg.seqs_per_step,), generator=gen).tolist()
+        lr = cosine_lr(self.step, cfg.steps, cfg.lr)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        self.draft.train()
+        self.opt.zero_grad(set_to_none=True)
+        total, metrics, n = 0.0, {"ce": 0.0, "acc": 0.0, "kl": 0.0}, 0
+        for i in picks:
+            out = self.seq_loss(self.corpus.train[i], gen, cfg.partial_prob)
+            if out is None:
+                continue
+            loss, m = out
+            (loss / cfg.seqs_per_step).backward()
+            total += float(loss.detach())
+            n += 1
+            for k in m:
+                metrics[k] = metrics.get(k, 0.0) + m[k]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.draft.parameters(), cfg.clip))
+        self.opt.step()
+        self.step += 1
+        return {"step": self.step, "loss": total / max(n, 1), "lr": lr, "grad_norm": grad_norm,
+                **{k: v / max(n, 1) for k, v in metrics.items()}}
+
+    @torch.no_grad()
+    def evaluate(self, max_seqs: int = 64) -> dict:
+        """Teacher-forced accuracy per block position on held-out sequences (fixed anchors, fully masked)."""
+        self.draft.eval()
+        seqs = self.corpus.heldout[:max_seqs] or self.corpus.train[:max_seqs]
+        b = self.cfg.block_size
+        hits, total = torch.zeros(b - 1), 0
+        gen = torch.Generator().manual_seed(12345)
+        for seq in seqs:
+            ids, T = seq["ids"], seq["ids"].shape[0]
+            anchors = sample_anchors(seq["prompt_len"], T, b, 8, gen)
+            if anchors.numel() == 0:
+                continue
+            pos = anchors[:, None] + torch.arange(b)[None, :]
+            inputs = ids[pos].clone()
+            inputs[:, 1:] = self.cfg.mask_token_id
+            hidden = self.draft(self.embed[inputs.flatten()][None], pos.flatten(),
+                                self.draft.context_kv(seq["feats"].float()[None], torch.arange(T)),
+                                block_attention_mask(anchors, T, b)[None, None])[0].view(len(anchors), b, -1)
+            pred = self.vocab[(hidden[:, 1:] @ self.head.T).argmax(-1)]  # [nb, b-1]
+            ok = (pred == ids[pos][:, 1:]).float().cumprod(-1)  # accepted-prefix indicator per position
+            hits += ok.sum(0)
+            total += len(anchors)
+        acc = (hits / max(total, 1)).tolist()
+        return {"prefix_acc": acc, "tau_tf": 1.0 + sum(acc)}
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+    def save(self) -> None:
+        from safetensors.torch import save_file
+
+        out = Path(self.cfg.out)
+        save_draft(self.draft, out, vocab_ids=self.vocab if self.cfg.draft_vocab else None,
+                   extra_config={"dflash_training": {**asdict(self.cfg), "step": self.step}})
+        state = {f"model.{k}": v.detach().float().contiguous() for k, v in self.draft.state_dict().items()}
+        for i, p in enumerate(self.draft.parameters()):
+            st = self.opt.state.get(p, {})
+            for k in ("exp_avg", "exp_avg_sq"):
+                if k in st:
+                    state[f"opt.{i}.{k}"] = st[k].contiguous()
+        save_file(state, str(out / STATE_NAME), metadata={"step": str(self.step)})
+
+    def load(self) -> bool:
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+
+        path = Path(self.cfg.out) / STATE_NAME
+        if not path.is_file():
+            return False
+        state = load_file(str(path))
+        with safe_open(str(path), "pt") as f:
+            self.step = int(f.metadata()["step"])
+        self.draft.load_state_dict({k[6:]: v for k, v in state.items() if k.startswith("model.")})
+        for i, p in enumerate(self.draft.parameters()):
+            if f"opt.{i}.exp_avg" in state:
+                self.opt.state[p] = {"step": torch.tensor(float(self.step)), "exp_avg": state[f"opt.{i}.exp_avg"],
+                                     "exp_avg_sq": state[f"opt.{i}.exp_avg_sq"]}
+        return True
+
+    def fit(self, progress: bool = True) -> None:
+        from tqdm import tqdm
+
+        Path(self.cfg.out).mkdir(parents=True, exist_ok=True)
+        if self.load():
+            log.info("resumed at step %d", self.step)
+        bar = tqdm(total=self.cfg.steps, initial=self.step, disable=not progress, desc="fit")
+        t0, start = time.time(), self.step
+        with self.log_path.open("a") as logf:
+            while self.step < self.cfg.steps:
+                m = self.train_step()
+                m["s_per_step"] = (time.time() - t0) / (self.step - start)
+                bar.update(1)
+                bar.set_postfix(loss=f"{m['loss']:.3f}", acc=f"{m['acc']:.3f}", spb=f"{m['s_per_step']:.2f}")
+                if self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps:
+                    m.update(self.evaluate())
+                    log.info("step %d loss %.3f acc %.3f tau_tf %.3f", self.step, m["loss"], m["acc"], m["tau_tf"])
+                logf.write(json.dumps(m) + "\n")
+                logf.flush()
+                if self.step % self.cfg.ckpt_every == 0 or self.step == self.cfg.steps:
+                    self.save()
+        bar.close()
