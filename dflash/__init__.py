@@ -1,0 +1,28 @@
+"""DFlash: block-diffusion speculative decoding (arXiv 2602.06036) — engine, training and playground.
+
+Heavy modules (torch, transformers) load lazily, so `import dflash.verify` or the CLI's --help stay light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "DFlashConfig": "dflash.api",
+    "DFlashModel": "dflash.api",
+    "Engine": "dflash.engine",
+    "Request": "dflash.request",
+    "ValidationError": "dflash.errors",
+    "load_engine": "dflash.load",
+    "compute_stats": "dflash.stats",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'dflash' has no attribute {name!r}")

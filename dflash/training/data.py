@@ -116,6 +116,8 @@ def run_data(target: str, out_dir: str, n_prompts: int, layer_ids: list[int], ba
             prompts.append(ids)
         if len(prompts) >= n_prompts:
             break
+    # Similar lengths in one batch: left padding to the longest prompt would otherwise dominate prefill cost.
+    prompts.sort(key=len)
     write_shards(model, tokenizer, target, prompts, out_dir, layer_ids, batch_size, max_new_tokens, sampled_every,
                  temperature, seed)
 

@@ -1,0 +1,125 @@
+"""Triton building blocks shared by the verification kernels: one row of logits at a time.
+
+Top-k / top-p without sorting. A float32 value maps to a uint32 *order key* that sorts like the float
+(`order_key`), so a threshold on values is a threshold on keys, found bit by bit from the most significant bit
+(radix select, 32 passes over the row). The row stays in L2, so on a GPU the passes cost microseconds.
+
+Semantics mirror `dflash.sampling.filter_logits` (the specification):
+- top-k keeps every value >= the k-th largest (ties at the k-th value are all kept, as `x < kth` drops);
+- top-p, after top-k, keeps a token iff the softmax mass of the tokens *strictly* above it is < top_p.
+  The only difference from the sorted cumsum is at exact value ties on the boundary and where the
+  cumulative mass is within float32 rounding of top_p (different summation order).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scaled_tile(row_ptr, offs, V, temperature, SCALE: tl.constexpr):
+    """logits[offs] / temperature in float32 (-inf outside the row). div_rn: IEEE division like torch on CPU."""
+    x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+    if SCALE:
+        x = tl.math.div_rn(x, temperature)
+    return x
+
+
+@triton.jit
+def order_key(x):
+    """float32 → uint32 with the same order (−0.0 folded into +0.0; NaN sorts outside the finite range)."""
+    x = tl.where(x == 0.0, 0.0, x)
+    bits = x.to(tl.uint32, bitcast=True)
+    sign = tl.full(bits.shape, 0x80000000, tl.uint32)
+    ones = tl.full(bits.shape, 0xFFFFFFFF, tl.uint32)
+    return tl.where((bits & sign) != 0, bits ^ ones, bits | sign)
+
+
+@triton.jit
+def topk_key(row_ptr, V, temperature, k, SCALE: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Order key of the k-th largest scaled value (duplicates counted): keep iff key >= result."""
+    ans = tl.full([], 0, tl.uint32)
+    bit = tl.full([], 0x80000000, tl.uint32)
+    for _ in range(32):
+        cand = ans | bit
+        bit = bit >> 1
+        count = tl.full([], 0, tl.int32)
+        for start in range(0, V, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            key = order_key(scaled_tile(row_ptr, offs, V, temperature, SCALE))
+            count += tl.sum(((key >= cand) & (offs < V)).to(tl.int32), axis=0)
+        ans = tl.where(count >= k, cand, ans)
+    return ans
+
+
+@triton.jit
+def row_max_sumexp(row_ptr, V, temperature, lo, SCALE: tl.constexpr, BLOCK_V: tl.constexpr):
+    """(max, sum of exp(x - max)) over the kept values (key >= lo) of the scaled row."""
+    m = tl.full([], float("-inf"), tl.float32)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        x = scaled_tile(row_ptr, offs, V, temperature, SCALE)
+        keep = (order_key(x) >= lo) & (offs < V)
+        m = tl.maximum(m, tl.max(tl.where(keep, x, float("-inf")), axis=0))
+    z = tl.full([], 0.0, tl.float32)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        x = scaled_tile(row_ptr, offs, V, temperature, SCALE)
+        keep = (order_key(x) >= lo) & (offs < V)
+        z += tl.sum(tl.where(keep, tl.exp(x - m), 0.0), axis=0)
+    return m, z
+
+
+@triton.jit
+def topp_key(row_ptr, V, temperature, top_p, lo, m, z, SCALE: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Largest key K whose strictly-greater kept mass is >= top_p: keep iff key > result (and key >= lo)."""
+    target = top_p * z
+    ans = tl.full([], 0, tl.uint32)
+    bit = tl.full([], 0x80000000, tl.uint32)
+    for _ in range(32):
+        cand = ans | bit
+        bit = bit >> 1
+        mass = tl.full([], 0.0, tl.float32)
+        for start in range(0, V, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            x = scaled_tile(row_ptr, offs, V, temperature, SCALE)
+            key = order_key(x)
+            keep = (key >= lo) & (key > cand) & (offs < V)
+            mass += tl.sum(tl.where(keep, tl.exp(x - m), 0.0), axis=0)
+        ans = tl.where(mass >= target, cand, ans)
+    return ans
+
+
+@triton.jit
+def keep_threshold(row_ptr, V, temperature, top_k, top_p, SCALE: tl.constexpr, TOP_K: tl.constexpr,
+                   TOP_P: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The order key `lo` such that the filtered support of the row is exactly {key >= lo}."""
+    lo = tl.full([], 0, tl.uint32)
+    if TOP_K:
+        lo = topk_key(row_ptr, V, temperature, top_k, SCALE, BLOCK_V)
+    if TOP_P:
+        m, z = row_max_sumexp(row_ptr, V, temperature, lo, SCALE, BLOCK_V)
+        kp = topp_key(row_ptr, V, temperature, top_p, lo, m, z, SCALE, BLOCK_V)
+        lo = tl.maximum(lo, kp + 1)
+    return lo
+
+
+@triton.jit
+def argmax_update(best_val, best_idx, vals, offs):
+    """Running argmax over tiles; the first index wins ties (torch.argmax semantics)."""
+    tile_max = tl.max(vals, axis=0)
+    tile_idx = tl.min(tl.where(vals == tile_max, offs, 2147483647), axis=0)
+    better = tile_max > best_val
+    return tl.where(better, tile_max, best_val), tl.where(better, tile_idx, best_idx)
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def pick_block_v(vocab: int, block_v: int | None = None) -> int:
+    """Tile width over the vocabulary: a power of two, at most 2048 (one tile for small vocabularies)."""
+    if block_v is not None:
+        return block_v
+    return max(16, min(2048, next_pow2(vocab)))

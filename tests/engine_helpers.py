@@ -1,0 +1,103 @@
+"""Shared helpers for the engine tests: independent references and scripted drafters.
+
+The references never go through `Engine`: greedy uses transformers' own `generate`, sampling a plain
+no-cache loop with the per-position noise of `dflash.sampling`. Scripted drafters replace only the draft's
+*proposals* (the engine, target and verification stay real), so an oracle (always right) and an adversary
+(always wrong) exercise full acceptance and full rejection of every block.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dflash.draft import DraftCache
+from dflash.drafter import Drafter, Proposal
+from dflash.engine import Engine
+from dflash.events import Commit, Finished
+from dflash.sampling import GUMBEL_TARGET, filter_logits, gumbel_noise
+from dflash.target import Target
+
+# The dev machine has 2 cores shared with a training job: OpenMP spin-waiting with 2 threads makes these
+# tiny models 10-40x slower than with one thread. Tiny float32 models gain nothing from more threads.
+torch.set_num_threads(1)
+
+
+def reference_greedy(target: Target, prompt: list[int], n: int, eos: int | None = None) -> list[int]:
+    """transformers' greedy generate (its own loop and cache): new tokens only, EOS included when hit."""
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                                    eos_token_id=eos, pad_token_id=0 if eos is None else eos)
+    new = out[0, len(prompt):].tolist()
+    if eos is not None and eos in new:
+        new = new[: new.index(eos) + 1]
+    return new
+
+
+def reference_sample(target: Target, prompt: list[int], n: int, temperature: float, top_k: int, top_p: float,
+                     seed: int) -> list[int]:
+    """Target-only sampling without the engine: a no-cache forward over the whole prefix per token, and the
+    Gumbel-max draw with the noise of (seed, absolute position)."""
+    seq = list(prompt)
+    with torch.inference_mode():
+        for _ in range(n):
+            logits = target.model(input_ids=torch.tensor([seq])).logits[0, -1].float()
+            g = gumbel_noise(seed, [len(seq)], logits.shape[-1], GUMBEL_TARGET)[0]
+            seq.append(int((filter_logits(logits / temperature, top_k, top_p) + g).argmax()))
+    return seq[len(prompt):]
+
+
+class ScriptedDrafter(Drafter):
+    """A drafter whose proposal for absolute position t is `self.token_at(t)`; context handling stays real."""
+
+    def __init__(self, engine: Engine, full_sequence: list[int]):
+        d = engine.drafter
+        super().__init__(d.draft, d.embed, engine.target.lm_head_weight, d.vocab_ids, d.vocab_size)
+        self.full = list(full_sequence)  # prompt + the target's own continuation
+        self.calls: list[tuple[int, int, int]] = []  # (start, size, len(cache)) per propose
+
+    def reference(self, t: int) -> int:
+        return self.full[t] if t < len(self.full) else 0
+
+    def token_at(self, t: int) -> int:
+        raise NotImplementedError
+
+    def propose(self, cache: DraftCache, anchor: int, start: int, size: int, n_steps: int, threshold: float,
+                sample: dict | None) -> Proposal:
+        self.calls.append((start, size, len(cache)))
+        tokens = [self.token_at(t) for t in range(start + 1, start + size)]
+        step = {"step": 0, "n_steps": n_steps, "start": start, "tokens": [anchor] + tokens,
+                "confidences": [1.0] * size, "masked": [False] * size, "committed": [False] + [True] * (size - 1),
+                "ms": 0.0}
+        return Proposal(tokens, [1.0] * len(tokens), None, [step], 0.0)
+
+
+class OracleDrafter(ScriptedDrafter):
+    """Always proposes the target's own continuation."""
+
+    def token_at(self, t: int) -> int:
+        return self.reference(t)
+
+
+class AdversarialDrafter(ScriptedDrafter):
+    """Always proposes a wrong token: (the target's own token + 1) mod V."""
+
+    def token_at(self, t: int) -> int:
+        return (self.reference(t) + 1) % self.vocab_size
+
+
+def with_drafter(engine: Engine, cls: type[ScriptedDrafter] | None, full_sequence: list[int]) -> Engine:
+    """Install a scripted drafter (None: restore the engine's real drafter)."""
+    if not hasattr(engine, "_real_drafter"):
+        engine._real_drafter = engine.drafter
+    engine.drafter = engine._real_drafter if cls is None else cls(engine, full_sequence)
+    return engine
+
+
+def commits(events: list) -> list[int]:
+    return [t for e in events if isinstance(e, Commit) for t in e.token_ids]
+
+
+def finished(events: list) -> Finished:
+    assert isinstance(events[-1], Finished)
+    return events[-1]

@@ -1,0 +1,41 @@
+"""The seed article's API (`DFlashConfig`, `DFlashModel`) on the real default target with a random draft."""
+
+import pytest
+
+from dflash import DFlashConfig, DFlashModel, Engine, ValidationError
+from dflash.draft import DFlashDraftModel, DraftConfig, save_draft
+
+
+def test_config_validates_like_the_request():
+    with pytest.raises(ValidationError, match="acceptance_threshold"):
+        DFlashConfig(acceptance_threshold=1.5)
+    with pytest.raises(ValidationError, match="adaptive"):
+        DFlashConfig(adaptive="tcp")
+    assert DFlashConfig(block_size=8, max_block_size=32).policy() == "slow-start"
+    assert DFlashConfig(block_size=8).policy() == "fixed"
+
+
+@pytest.mark.slow
+def test_article_api_on_the_default_target(tmp_path):
+    import torch
+
+    from dflash.registry import SMOLLM2_GGUF
+    from dflash.target import load_target_model
+
+    model, tokenizer = load_target_model(SMOLLM2_GGUF)
+    torch.manual_seed(0)
+    draft = DFlashDraftModel(DraftConfig(hidden_size=576, num_hidden_layers=1, num_attention_heads=9, num_key_value_heads=3,
+                                         head_dim=64, intermediate_size=1536, vocab_size=49152, num_target_layers=30,
+                                         block_size=8, mask_token_id=16))
+    save_draft(draft, tmp_path / "draft")
+    exact = DFlashModel(DFlashConfig(draft_model_name=str(tmp_path / "draft"), block_size=4, max_block_size=8,
+                                     diffusion_steps=2), model, tokenizer)
+    text = exact.generate("What is 2 + 2?", max_new_tokens=12)
+    assert isinstance(text, str) and text
+    assert not exact.last_result.stats["lossy"]
+    baseline = exact.engine.generate(exact.config.request(prompt="What is 2 + 2?", max_new_tokens=12, use_draft=False))
+    assert exact.last_result.output_ids == baseline.output_ids  # threshold 1.0: lossless
+    lossy = DFlashModel(DFlashConfig(draft_model_name=str(tmp_path / "draft"), acceptance_threshold=0.9), exact.engine)
+    lossy.generate("What is 2 + 2?", max_new_tokens=12, temperature=0.7, top_p=0.9)
+    assert lossy.last_result.stats["lossy"]
+    assert isinstance(lossy.engine, Engine)

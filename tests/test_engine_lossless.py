@@ -1,0 +1,256 @@
+"""Losslessness of the engine (reliability-anchors §4 B): DFlash output == the target's own output.
+
+Greedy runs are compared with transformers' own greedy `generate`; seeded sampling with a plain no-cache
+loop using the same per-position noise. Drafts: the random tiny draft, an oracle (always right) and an
+adversary (always wrong), so every block is partly, fully and never accepted.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import dflash.engine as engine_mod
+from conftest import tiny_draft, tiny_target
+from dflash.adaptive import POLICIES, Controller
+from dflash.engine import Engine
+from dflash.events import BONUS, CORRECTION, DRAFT, Commit, Started, Verify
+from dflash.request import Request
+from engine_helpers import (AdversarialDrafter, OracleDrafter, commits, finished, reference_greedy, reference_sample,
+                            with_drafter)
+
+ARCHS = ("llama", "qwen3")
+DRAFTERS = {"random": None, "oracle": OracleDrafter, "adversarial": AdversarialDrafter}
+BLOCKS = (1, 2, 4, 16)
+# (prompt, max_new_tokens): one-token prompt, short and long prompts; 1 token (prefill only), a few, several blocks.
+CASES = [([42], 1), ([1, 2, 3], 7), ([200, 17, 45, 9, 88, 120, 3, 54, 61, 7, 250], 33)]
+
+
+@pytest.fixture(scope="module")
+def models():
+    out = {}
+    for arch in ARCHS:
+        target = tiny_target(arch)
+        out[arch] = (target, Engine(target, tiny_draft(target, block_size=16)))
+    return out
+
+
+_refs: dict = {}
+
+
+def ref(target, arch: str, prompt: list[int], n: int, eos: int | None = None) -> list[int]:
+    key = (arch, tuple(prompt), n, eos)
+    if key not in _refs:
+        _refs[key] = reference_greedy(target, prompt, n, eos)
+    return _refs[key]
+
+
+def run(engine: Engine, drafter: str, prompt: list[int], reference: list[int], **kw):
+    with_drafter(engine, DRAFTERS[drafter], prompt + reference + [0] * 32)
+    return engine.generate(Request(prompt_ids=tuple(prompt), **kw))
+
+
+def verifies(events) -> list[Verify]:
+    return [e for e in events if isinstance(e, Verify)]
+
+
+@pytest.mark.parametrize("block", BLOCKS)
+@pytest.mark.parametrize("drafter", DRAFTERS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_equals_target_only(models, arch, drafter, block):
+    target, engine = models[arch]
+    for prompt, n in CASES:
+        expected = ref(target, arch, prompt, n)
+        res = run(engine, drafter, prompt, expected, max_new_tokens=n, block_size=block)
+        assert res.finish_reason == "length" and res.message == ""
+        assert res.output_ids == expected, (prompt, n)
+        assert commits(res.events) == expected
+        vs = verifies(res.events)
+        assert all(v.block_size <= block for v in vs)
+        if drafter == "oracle":  # every drafted token accepted (vLLM's draft == target sanity check)
+            assert all(v.accepted_len == v.block_size - 1 for v in vs)
+            if block > 1 and n > 1:
+                assert res.stats["tau"] >= 0.98 * min(block, n - 1) * (len(vs) - 1) / len(vs)
+        if drafter == "adversarial":  # nothing accepted, one token per target forward, output still exact
+            assert all(v.accepted_len == 0 for v in vs)
+            assert len(vs) == n - 1
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_with_eos(models, arch, drafter):
+    """A real EOS mid-output: the run stops at it (included), for every block size."""
+    target, _ = models[arch]
+    prompt = [1, 2, 3]
+    free = ref(target, arch, prompt, 40)
+    k = next(i for i in range(8, 40) if free[i] not in free[:i])  # EOS = a token first emitted mid-way
+    eos = free[k]
+    eos_target = tiny_target(arch, eos=eos)  # same seed → same weights, now with an EOS id
+    engine = Engine(eos_target, tiny_draft(eos_target, block_size=16))
+    expected = reference_greedy(eos_target, prompt, 40, eos)
+    assert expected == free[: k + 1]
+    for block in BLOCKS:
+        res = run(engine, drafter, prompt, free, max_new_tokens=40, block_size=block)
+        assert res.output_ids == expected, block
+        assert res.finish_reason == "eos"
+
+
+def test_eos_inside_block_is_last_token(models):
+    """Tokens the verifier accepts after an EOS inside a block are never emitted, nor reported as committed."""
+    target, _ = models["llama"]
+    prompt = [1, 2, 3]
+    free = ref(target, "llama", prompt, 40)
+    k = next(i for i in range(5, 40) if free[i] not in free[:i] and i % 15 not in (0, 14))
+    eos = free[k]
+    eos_target = tiny_target("llama", eos=eos)
+    engine = Engine(eos_target, tiny_draft(eos_target, block_size=16))
+    # The oracle proposes the EOS-free continuation, so the block holding EOS is accepted past it.
+    res = run(engine, "oracle", prompt, free, max_new_tokens=40, block_size=16)
+    assert res.finish_reason == "eos"
+    assert res.output_ids == free[: k + 1] and res.output_ids[-1] == eos
+    last = verifies(res.events)[-1]
+    assert last.accepted_len > 0
+    accepted = [t for t, ok in zip(last.draft_tokens, last.accepted) if ok]
+    assert eos in accepted and accepted.index(eos) < len(accepted) - 1, "EOS must sit inside the accepted run"
+    last_commit = [e for e in res.events if isinstance(e, Commit)][-1]
+    assert last_commit.token_ids[-1] == eos
+    assert len(last_commit.token_ids) < last.accepted_len + 1
+    assert res.stats["n_output_tokens"] == k + 1
+
+
+@pytest.mark.parametrize("drafter", ["random", "oracle"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_mask_token_id_in_output_is_kept(models, arch, drafter):
+    """A real output token equal to the draft's mask id survives (regression of upstream dflash 7d2ea1e)."""
+    target, _ = models[arch]
+    prompt = [5, 6, 7]
+    expected = ref(target, arch, prompt, 20)
+    mask_id = expected[3]
+    engine = Engine(target, tiny_draft(target, block_size=16, mask_id=mask_id))
+    res = run(engine, drafter, prompt, expected, max_new_tokens=20, block_size=8)
+    assert next(e for e in res.events if isinstance(e, Started)).mask_token_id == mask_id
+    assert res.output_ids == expected
+    assert mask_id in res.output_ids
+
+
+SAMPLING = [dict(temperature=0.8, top_p=0.9, top_k=0, seed=1), dict(temperature=1.0, top_p=1.0, top_k=20, seed=2),
+            dict(temperature=0.5, top_p=0.95, top_k=50, seed=12345), dict(temperature=2.0, top_p=1.0, top_k=0, seed=7)]
+
+
+@pytest.mark.parametrize("params", SAMPLING, ids=lambda p: f"T{p['temperature']}-p{p['top_p']}-k{p['top_k']}-s{p['seed']}")
+@pytest.mark.parametrize("arch", ARCHS)
+def test_seeded_sampling_match_equals_target_only(models, arch, params):
+    target, engine = models[arch]
+    prompt = [9, 8, 7, 6]
+    n = 12
+    expected = reference_sample(target, prompt, n, params["temperature"], params["top_k"], params["top_p"], params["seed"])
+    assert expected != reference_sample(target, prompt, n, params["temperature"], params["top_k"], params["top_p"],
+                                        params["seed"] + 1), "different seeds should give different samples"
+    base = engine.generate(Request(prompt_ids=tuple(prompt), max_new_tokens=n, use_draft=False, **params))
+    assert base.output_ids == expected
+    for drafter in DRAFTERS:
+        for block in (4, 16):
+            res = run(engine, drafter, prompt, expected, max_new_tokens=n, block_size=block, verify="match", **params)
+            assert res.output_ids == expected, (drafter, block)
+            if drafter == "oracle":
+                assert all(v.accepted_len == v.block_size - 1 for v in verifies(res.events))
+
+
+@pytest.mark.parametrize("steps", [1, 2, 4])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_adaptive_and_denoising_knobs_are_lossless(models, policy, steps):
+    """Controller policy, denoising steps and confidence threshold change only how tokens are drafted."""
+    rng = random.Random(f"{policy}-{steps}")
+    for arch in ARCHS:
+        target, engine = models[arch]
+        prompt = [rng.randrange(250) for _ in range(rng.randint(1, 6))]
+        n = 24
+        expected = ref(target, arch, prompt, n)
+        for drafter in ("random", "oracle"):
+            lo = rng.randint(1, 4)
+            hi = rng.randint(max(lo, 2), 16)
+            res = run(engine, drafter, prompt, expected, max_new_tokens=n, adaptive=policy, diffusion_steps=steps,
+                      confidence_threshold=rng.uniform(0.01, 1.0), acceptance_threshold=1.0, min_block_size=lo,
+                      max_block_size=hi, block_size=rng.randint(lo, hi))
+            assert res.output_ids == expected, (arch, drafter, lo, hi)
+            assert all(lo <= v.block_size <= hi or v.block_size < lo and v.block_size == n - sum(
+                len(c.token_ids) for c in res.events if isinstance(c, Commit) and c.block < v.block) + 1
+                for v in verifies(res.events))
+            assert res.stats["lossy"] is False and res.stats["drift_tokens"] == 0
+
+
+class RandomController(Controller):
+    """A fuzzing controller: any size in [1, max] at every step, from a seeded RNG."""
+
+    def __init__(self, seed: int, max_size: int):
+        super().__init__(1, 1, max_size)
+        self.rng = random.Random(seed)
+
+    def update(self, outcome):
+        self.size = self.rng.randint(1, self.max_size)
+        return self.size, "random"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_block_schedules_do_not_change_output(models, monkeypatch, seed):
+    monkeypatch.setattr(engine_mod, "make_controller", lambda policy, size, lo, hi: RandomController(seed, hi))
+    for arch in ARCHS:
+        target, engine = models[arch]
+        prompt = [3 + seed, 1, 4, 1, 5]
+        expected = ref(target, arch, prompt, 30)
+        for drafter in DRAFTERS:
+            res = run(engine, drafter, prompt, expected, max_new_tokens=30, diffusion_steps=1 + seed % 3)
+            assert res.output_ids == expected, (arch, drafter)
+            assert len({v.block_size for v in verifies(res.events)}) > 1
+
+
+def test_exact_max_new_tokens_when_last_block_overshoots(models):
+    target, engine = models["llama"]
+    prompt = [11, 12]
+    for n in (2, 3, 16, 17, 18):
+        expected = ref(target, "llama", prompt, n)
+        res = run(engine, "oracle", prompt, expected, max_new_tokens=n, block_size=16)
+        assert res.output_ids == expected and len(res.output_ids) == n
+        assert res.finish_reason == "length"
+        kinds = [k for e in res.events if isinstance(e, Commit) for k in e.kinds]
+        assert len(kinds) == n and kinds[0] == BONUS
+
+
+def test_commit_kinds(models):
+    """Accepted drafts are 'draft', the target's token after a rejection 'correction', after a full block 'bonus'."""
+    target, engine = models["qwen3"]
+    prompt = [4, 4, 4]
+    expected = ref(target, "qwen3", prompt, 10)
+    for drafter, tail in (("oracle", BONUS), ("adversarial", CORRECTION)):
+        res = run(engine, drafter, prompt, expected, max_new_tokens=10, block_size=3)
+        for c in (e for e in res.events if isinstance(e, Commit) and e.block > 0):
+            v = next(x for x in res.events if isinstance(x, Verify) and x.block == c.block)
+            assert c.kinds[: v.accepted_len] == [DRAFT] * min(v.accepted_len, len(c.kinds))
+            if len(c.token_ids) == v.accepted_len + 1:
+                assert c.kinds[-1] == tail
+
+
+def test_relaxed_acceptance_deviates_only_where_threshold_met(models):
+    """a < 1 (lossy, opt-in): every emitted token is the target's argmax given the emitted prefix, except
+    relaxed ones, which meet p(x) >= a * max p; the lossy flag and the drift count say so."""
+    a = 0.01
+    for arch in ARCHS:
+        target, engine = models[arch]
+        prompt = [1, 2, 3]
+        with_drafter(engine, None, [])
+        res = engine.generate(Request(prompt_ids=tuple(prompt), max_new_tokens=40, block_size=8, acceptance_threshold=a))
+        assert res.stats["lossy"] is True and next(e for e in res.events if isinstance(e, Started)).lossy
+        seq = prompt + res.output_ids
+        with torch.inference_mode():
+            logits = target.model(input_ids=torch.tensor([seq])).logits[0].float()
+        probs = torch.softmax(logits, -1)
+        differs = 0
+        for i, tok in enumerate(res.output_ids):
+            p = probs[len(prompt) + i - 1]
+            if tok != int(p.argmax()):
+                differs += 1
+                assert float(p[tok]) >= a * float(p.max()) * (1 - 1e-4), (arch, i)
+        assert differs > 0, "the test needs at least one relaxed acceptance"
+        assert res.stats["drift_tokens"] == differs
