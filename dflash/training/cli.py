@@ -22,6 +22,14 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_tf(args: argparse.Namespace) -> int:
+    from dflash.training.data import run_teacher_forced
+
+    run_teacher_forced(args.target, args.out, args.conversations, _ints(args.layers), args.batch_size,
+                       args.max_prompt_tokens, args.max_response_tokens, args.threads)
+    return 0
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train a DFlash draft: data → fit → eval")
     stages = p.add_subparsers(dest="stage", required=True)
@@ -38,6 +46,16 @@ def add_parser(sub) -> None:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--threads", type=int)
     d.set_defaults(func=cmd_data)
+    t = stages.add_parser("data-tf", help="cheap extra data: teacher-forced target pass over ShareGPT's recorded replies")
+    t.add_argument("--target", default=SMOLLM2_GGUF)
+    t.add_argument("--out", required=True)
+    t.add_argument("--conversations", type=int, default=4000)
+    t.add_argument("--layers", default=DEFAULT_LAYERS)
+    t.add_argument("--batch-size", type=int, default=16)
+    t.add_argument("--max-prompt-tokens", type=int, default=160)
+    t.add_argument("--max-response-tokens", type=int, default=256)
+    t.add_argument("--threads", type=int)
+    t.set_defaults(func=cmd_data_tf)
     for extra in ("dflash.training.fit_cli",):
         try:
             __import__(extra, fromlist=["add_stages"]).add_stages(stages)

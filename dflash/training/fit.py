@@ -64,35 +64,41 @@ class FitConfig:
 
 
 class Corpus:
-    """Sequences from the data shards, with the feature columns of the chosen target layers."""
+    """Sequences from one or more data directories (comma-separated), with the feature columns of the chosen
+    target layers. `labels[p]` is the token the target itself emits at position p: the sequence token for
+    regenerated data, the target's greedy prediction from p-1 for teacher-forced data (`target_pred`)."""
 
-    def __init__(self, data_dir: str, layer_ids: list[int], holdout: int):
+    def __init__(self, data_dirs: str, layer_ids: list[int], holdout: int):
         from dflash.training.data import load_shards
 
-        meta = json.loads((Path(data_dir) / "meta.json").read_text())
-        stored = meta["layer_ids"]
-        missing = [j for j in layer_ids if j not in stored]
-        if missing:
-            raise ValueError(f"target layers {missing} are not in the data (stored: {stored})")
-        h = meta["hidden_size"]
-        cols = torch.cat([torch.arange(stored.index(j) * h, (stored.index(j) + 1) * h) for j in layer_ids])
-        self.meta = meta
         self.train, self.heldout = [], []
-        shards = load_shards(data_dir)
-        if len(shards) <= holdout:
-            holdout = 0
-        for s, shard in enumerate(shards):
-            dest = self.heldout if s >= len(shards) - holdout else self.train
-            off = shard["offsets"].tolist()
-            feats = shard["features"][:, cols]
-            for i in range(len(off) - 1):
-                dest.append({"ids": shard["input_ids"][off[i]:off[i + 1]], "feats": feats[off[i]:off[i + 1]],
-                             "final": shard["final_hidden"][off[i]:off[i + 1]], "prompt_len": int(shard["prompt_lens"][i])})
+        for data_dir in data_dirs.split(","):
+            meta = json.loads((Path(data_dir) / "meta.json").read_text())
+            stored = meta["layer_ids"]
+            missing = [j for j in layer_ids if j not in stored]
+            if missing:
+                raise ValueError(f"target layers {missing} are not in the data (stored: {stored})")
+            h = meta["hidden_size"]
+            cols = torch.cat([torch.arange(stored.index(j) * h, (stored.index(j) + 1) * h) for j in layer_ids])
+            self.meta = meta
+            shards = load_shards(data_dir)
+            keep_out = holdout if len(shards) > holdout else 0
+            for s, shard in enumerate(shards):
+                dest = self.heldout if s >= len(shards) - keep_out else self.train
+                off = shard["offsets"].tolist()
+                feats = shard["features"][:, cols]
+                for i in range(len(off) - 1):
+                    ids = shard["input_ids"][off[i]:off[i + 1]]
+                    labels = ids
+                    if "target_pred" in shard:
+                        labels = torch.cat([ids[:1], shard["target_pred"][off[i]:off[i + 1] - 1]])
+                    dest.append({"ids": ids, "labels": labels, "feats": feats[off[i]:off[i + 1]],
+                                 "final": shard["final_hidden"][off[i]:off[i + 1]], "prompt_len": int(shard["prompt_lens"][i])})
 
     def token_counts(self, vocab: int) -> torch.Tensor:
         counts = torch.zeros(vocab, dtype=torch.long)
         for s in self.train:
-            counts += torch.bincount(s["ids"][s["prompt_len"]:], minlength=vocab)
+            counts += torch.bincount(s["labels"][s["prompt_len"]:], minlength=vocab)
         return counts
 
 
@@ -159,7 +165,8 @@ class Trainer:
         nb = anchors.shape[0]
         offs = torch.arange(b)
         pos = (anchors[:, None] + offs[None, :])  # [nb, b] absolute positions
-        truth = ids[pos]  # [nb, b]
+        truth = seq["labels"][pos]  # [nb, b] what the target emits at each block position
+        truth[:, 0] = ids[anchors]  # the anchor itself is the real context token
         masked = partial_mask(nb, b, partial_prob, gen)  # [nb, b]
         inputs = torch.where(masked, torch.full_like(truth, self.cfg.mask_token_id), truth)
         feats = seq["feats"].float()[None]  # [1, T, k*H]
@@ -225,7 +232,7 @@ class Trainer:
                                 self.draft.context_kv(seq["feats"].float()[None], torch.arange(T)),
                                 block_attention_mask(anchors, T, b)[None, None])[0].view(len(anchors), b, -1)
             pred = self.vocab[(hidden[:, 1:] @ self.head.T).argmax(-1)]  # [nb, b-1]
-            ok = (pred == ids[pos][:, 1:]).float().cumprod(-1)  # accepted-prefix indicator per position
+            ok = (pred == seq["labels"][pos][:, 1:]).float().cumprod(-1)  # accepted-prefix indicator per position
             hits += ok.sum(0)
             total += len(anchors)
         acc = (hits / max(total, 1)).tolist()
