@@ -55,9 +55,10 @@ class CostAware(Controller):
     """Maximise expected tokens per millisecond.
 
     Per-position conditional acceptance α_k = P(draft k accepted | k-1 accepted), estimated from decayed counts
-    with a weak prior of 0.5; expected tokens of a block of size b: E(b) = 1 + Σ_{k=1}^{b-1} Π_{j≤k} α_j.
-    Cost of size b: a least-squares line through the decayed mean ms of each size seen (constant until two
-    sizes have been seen — on a CPU verify cost is nearly flat in b). Choose argmax E(b) / cost(b).
+    with a weak prior of 0.5, shrunk toward the pooled rate; expected tokens of a block of size b:
+    E(b) = 1 + Σ_{k=1}^{b-1} Π_{j≤k} α_j. Cost of size b: a least-squares line through the decayed mean ms of
+    each size seen (after the first block, one probe at the other end of the range gives the line a slope — on
+    a CPU verify cost is nearly flat in b). Choose argmax E(b) / cost(b).
     """
 
     decay = 0.95
@@ -71,7 +72,11 @@ class CostAware(Controller):
         self.cost_n: dict[int, float] = {}
 
     def alpha(self, k: int) -> float:
-        return self.accepted[k] / self.reached[k]
+        # Shrunk toward the pooled rate of all positions (weight 1): a position no recent block reached borrows
+        # the pooled rate instead of keeping a stale value forever (decay shrinks both counts alike), which would
+        # stop the policy from ever trying larger blocks again after one early rejection there.
+        pooled = sum(self.accepted[1:]) / max(sum(self.reached[1:]), 1e-9)
+        return (self.accepted[k] + pooled) / (self.reached[k] + 1.0)
 
     def expected_tokens(self, size: int) -> float:
         total, run = 1.0, 1.0
@@ -102,6 +107,11 @@ class CostAware(Controller):
         b = outcome.block_size
         self.cost_sum[b] = self.cost_sum.get(b, 0.0) * self.decay + outcome.draft_ms + outcome.verify_ms
         self.cost_n[b] = self.cost_n.get(b, 0.0) * self.decay + 1.0
+        if len(self.cost_sum) < 2 and self.max_size > self.min_size:
+            # One measured size says nothing about how cost grows with b, and a constant cost always favours the
+            # largest block: probe the other end of the range once, so a slope can be fitted.
+            self.size = self.min_size if b != self.min_size else self.max_size
+            return self.size, f"probe the cost of size {self.size} (only size {b} measured)"
         rates = {s: self.expected_tokens(s) / self.cost(s) for s in range(self.min_size, self.max_size + 1)}
         best = max(rates, key=lambda s: (rates[s], -s))
         self.size = best

@@ -93,6 +93,12 @@ class DraftConfig:
         for k in ("block_size", "num_target_layers"):
             if k in dflash:
                 kw[k] = dflash[k]
+        # transformers 5 writes RoPE as "rope_parameters" {rope_theta, rope_type, ...} instead of top-level keys.
+        rope = d.get("rope_parameters") or {}
+        if "rope_theta" not in kw and "rope_theta" in rope:
+            kw["rope_theta"] = rope["rope_theta"]
+        if not kw.get("rope_scaling") and rope.get("rope_type", "default") != "default":
+            kw["rope_scaling"] = dict(rope)
         kw["mask_token_id"] = dflash.get("mask_token_id", d.get("mask_token_id", 0))
         kw["target_layer_ids"] = list(dflash.get("target_layer_ids") or [])
         kw.setdefault("head_dim", d["hidden_size"] // d["num_attention_heads"])

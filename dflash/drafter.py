@@ -15,6 +15,7 @@ import torch
 
 from dflash.draft import DFlashDraftModel, DraftCache
 from dflash.sampling import GUMBEL_DRAFT, gumbel_noise, target_probs
+from dflash.target import PackedLinear
 
 
 @dataclass
@@ -28,7 +29,7 @@ class Proposal:
 
 class Drafter:
     def __init__(self, draft: DFlashDraftModel, embed, lm_head_weight: torch.Tensor, vocab_ids: torch.Tensor | None,
-                 vocab_size: int):
+                 vocab_size: int, head: PackedLinear | None = None):
         self.draft = draft
         self.embed = embed
         self.mask_id = draft.config.mask_token_id
@@ -36,6 +37,9 @@ class Drafter:
         # FR-Spec-style restricted head: only the rows of the target LM head for `vocab_ids` (our extension).
         self.vocab_ids = vocab_ids
         self.head = lm_head_weight if vocab_ids is None else lm_head_weight[vocab_ids.to(lm_head_weight.device)].contiguous()
+        # hidden [n, H] → logits [n, Vd]; the target's PackedLinear is shared when the vocabularies are the same
+        # (no second packed copy of the head). Rows > 1 are ~2x faster than `hidden @ head.T` on CPU float32.
+        self.head_fn = head if (head is not None and vocab_ids is None) else PackedLinear(self.head)
 
     def extend_context(self, cache: DraftCache, features: torch.Tensor, start_pos: int) -> None:
         """Append injected K/V for target features [1, T, k*H] at positions start_pos .. start_pos+T-1."""
@@ -72,7 +76,7 @@ class Drafter:
             ts = time.perf_counter()
             emb = self.embed(torch.tensor([tokens], device=dev))  # [1, b, H]
             hidden = self.draft(emb.to(self.head.dtype), positions, cache.kv)[0, 1:]  # [n, H]
-            logits = self._full((hidden @ self.head.T).float())  # [n, V]
+            logits = self._full(self.head_fn(hidden).float())  # [n, V]
             probs = torch.softmax(logits, -1)
             if sample is None:
                 best_p, best = probs.max(-1)

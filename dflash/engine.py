@@ -22,10 +22,10 @@ from dflash.draft import DFlashDraftModel, DraftCache
 from dflash.drafter import Drafter
 from dflash.errors import BusyError, ValidationError
 from dflash.request import Request
-from dflash.sampling import GUMBEL_TARGET, UNIFORM_ACCEPT, gumbel_noise, target_probs, uniform_noise
+from dflash.sampling import GUMBEL_TARGET, UNIFORM_ACCEPT, gumbel_noise, uniform_noise
 from dflash.stats import compute_stats
 from dflash.target import Target
-from dflash.verify import match_verify, rejection_verify
+from kernels import match_verify, speculative_verify  # Triton on CUDA, dflash.verify (the reference) elsewhere
 
 log = logging.getLogger("dflash")
 
@@ -49,7 +49,8 @@ class Engine:
         self.drafter = None
         if self.draft is not None:
             target.set_capture(self.draft.config.target_layer_ids)
-            self.drafter = Drafter(self.draft, target.embed, target.lm_head_weight, draft_vocab, target.vocab_size)
+            self.drafter = Drafter(self.draft, target.embed, target.lm_head_weight, draft_vocab, target.vocab_size,
+                                   head=target.head)
         self._lock = threading.Lock()
         self.clock = time.monotonic  # injectable for deadline tests
         self._texts: dict[int, str] = {}
@@ -236,9 +237,9 @@ class Engine:
             positions = list(range(start + 1, start + b + 1))
             d = torch.tensor(drafted, dtype=torch.long, device=logits.device)
             if sampling and req.verify == "rejection" and proposal is not None:
-                p = target_probs(logits, req.temperature, req.top_k, req.top_p)
-                res = rejection_verify(d, proposal.q, p, uniform_noise(req.seed, positions[:-1], UNIFORM_ACCEPT),
-                                       gumbel_noise(req.seed, positions, logits.shape[-1], GUMBEL_TARGET, dev))
+                res = speculative_verify(d, proposal.q, logits, req.temperature, req.top_k, req.top_p,
+                                         uniform_noise(req.seed, positions[:-1], UNIFORM_ACCEPT),
+                                         gumbel_noise(req.seed, positions, logits.shape[-1], GUMBEL_TARGET, dev))
             else:
                 g = gumbel_noise(req.seed, positions, logits.shape[-1], GUMBEL_TARGET, dev) if sampling else None
                 res = match_verify(d, logits, req.temperature, req.top_k, req.top_p, g, req.acceptance_threshold)

@@ -12,7 +12,7 @@ from dflash.draft import CONFIG_NAME, WEIGHTS_NAME, load_draft
 from dflash.engine import Engine
 from dflash.errors import ModelLoadError
 from dflash.registry import get_preset
-from dflash.target import Target, load_target_model, pick_device, pick_dtype
+from dflash.target import Target, gpu_load_options, load_target_model, pick_device, pick_dtype
 
 
 def resolve_draft_dir(source: str) -> Path:
@@ -41,8 +41,13 @@ def default_draft_available(path: str | None) -> bool:
 
 def load_engine(preset: str | None = "default", target: str | None = None, draft: str | None = None,
                 no_draft: bool = False, dtype: str | None = None, device: str | None = None,
-                threads: int | None = None, quantize: str | None = None) -> tuple[Engine, dict]:
-    """Returns (engine, info) where info has load times and what was loaded."""
+                threads: int | None = None, quantize: str | None = None,
+                device_map: str | None = None) -> tuple[Engine, dict]:
+    """Returns (engine, info) where info has load times and what was loaded.
+
+    CUDA only: quantize "4bit" | "8bit" loads the target with bitsandbytes; device_map "auto" splits a target
+    larger than one GPU over the visible GPUs with accelerate (the draft stays on the first one).
+    """
     if threads:
         torch.set_num_threads(threads)
     if target is None:
@@ -53,12 +58,15 @@ def load_engine(preset: str | None = "default", target: str | None = None, draft
         name = Path(target).name or target
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
-    if quantize and dev.type != "cuda":
-        raise ModelLoadError(f"--quantize {quantize}: bitsandbytes quantization needs a CUDA device; this run is on {dev.type}")
+    options = gpu_load_options(dev, dt, quantize, device_map)  # {} on CPU; errors name the option
     t0 = time.perf_counter()
-    model, tokenizer = load_target_model(target)
+    model, tokenizer = load_target_model(target, **options)
     tgt = Target(model, tokenizer, name=name, device=dev, dtype=dt)
-    info = {"target": target, "target_load_s": time.perf_counter() - t0, "device": str(dev), "dtype": str(dt).removeprefix("torch.")}
+    info = {"target": target, "target_load_s": time.perf_counter() - t0, "device": str(tgt.device), "dtype": str(dt).removeprefix("torch.")}
+    if quantize:
+        info["quantize"] = quantize
+    if getattr(model, "hf_device_map", None) and device_map:
+        info["device_map"] = sorted({str(v) for v in model.hf_device_map.values()})
     dmodel = vocab = None
     if draft and not no_draft:
         t0 = time.perf_counter()

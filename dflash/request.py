@@ -103,8 +103,13 @@ class Request:
             raise ValidationError("acceptance_threshold", "must be 1.0 with verify='rejection' (relaxed acceptance applies to 'match')")
         if self.deadline_s is not None:
             _float("deadline_s", self.deadline_s, 0.0, 86_400.0, lo_open=True)
+        if not isinstance(self.stop_ids, (tuple, list)):
+            raise ValidationError("stop_ids", f"must be a sequence of token ids, got {self.stop_ids!r}")
         if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in self.stop_ids):
             raise ValidationError("stop_ids", "must contain non-negative integers")
+        for name in ("use_draft", "chat_template"):  # a string like "false" would otherwise count as true
+            if not isinstance(getattr(self, name), bool):
+                raise ValidationError(name, f"must be true or false, got {getattr(self, name)!r}")
         object.__setattr__(self, "stop_ids", tuple(self.stop_ids))
 
     @property

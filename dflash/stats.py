@@ -32,7 +32,9 @@ def compute_stats(events: Iterable[ev.Event]) -> dict[str, Any]:
     decode_ms = max(t_end - ttft, 0.0)
     draft_ms = sum(v.draft_ms for v in verifies)
     verify_ms = sum(v.verify_ms for v in verifies)
-    relaxed = sum(sum(v.relaxed) for v in verifies)
+    # Drift counts emitted tokens only: relaxed drafts accepted after an EOS inside the block are never emitted.
+    n_committed = {c.block: len(c.token_ids) for c in commits}
+    relaxed = sum(sum(v.relaxed[: n_committed.get(v.block, 0)]) for v in verifies)
     started = next((e for e in events if isinstance(e, ev.Started)), None)
     return {
         "n_prompt_tokens": prefill.n_prompt_tokens if prefill else 0,

@@ -1,8 +1,9 @@
 """Triton building blocks shared by the verification kernels: one row of logits at a time.
 
 Top-k / top-p without sorting. A float32 value maps to a uint32 *order key* that sorts like the float
-(`order_key`), so a threshold on values is a threshold on keys, found bit by bit from the most significant bit
-(radix select, 32 passes over the row). The row stays in L2, so on a GPU the passes cost microseconds.
+(`order_key`), so a threshold on values is a threshold on keys, found 4 bits at a time from the most
+significant bit (radix select, 8 passes over the row, 16 candidate thresholds per pass). The row stays in L2,
+so on a GPU the passes cost microseconds; they run only when top-k / top-p are on.
 
 Semantics mirror `dflash.sampling.filter_logits` (the specification):
 - top-k keeps every value >= the k-th largest (ties at the k-th value are all kept, as `x < kth` drops);
@@ -37,19 +38,26 @@ def order_key(x):
 
 
 @triton.jit
-def topk_key(row_ptr, V, temperature, k, SCALE: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Order key of the k-th largest scaled value (duplicates counted): keep iff key >= result."""
+def topk_key(row_ptr, V, temperature, k, SCALE: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Order key of the k-th largest scaled value (duplicates counted): keep iff key >= result.
+
+    Radix select, 4 bits per pass (8 passes): each pass counts the values >= each of 16 candidate keys
+    ([16, BLOCK_R] compares per tile) and keeps the largest candidate whose count is still >= k.
+    """
+    digits = tl.arange(0, 16).to(tl.uint32)
     ans = tl.full([], 0, tl.uint32)
-    bit = tl.full([], 0x80000000, tl.uint32)
-    for _ in range(32):
-        cand = ans | bit
-        bit = bit >> 1
-        count = tl.full([], 0, tl.int32)
-        for start in range(0, V, BLOCK_V):
-            offs = start + tl.arange(0, BLOCK_V)
+    shift = tl.full([], 28, tl.int32)
+    for _ in range(8):
+        cands = ans | (digits << shift.to(tl.uint32))  # [16], non-decreasing
+        counts = tl.zeros([16], tl.int32)
+        for start in range(0, V, BLOCK_R):
+            offs = start + tl.arange(0, BLOCK_R)
             key = order_key(scaled_tile(row_ptr, offs, V, temperature, SCALE))
-            count += tl.sum(((key >= cand) & (offs < V)).to(tl.int32), axis=0)
-        ans = tl.where(count >= k, cand, ans)
+            hit = (key[None, :] >= cands[:, None]) & (offs < V)[None, :]
+            counts += tl.sum(hit.to(tl.int32), axis=1)
+        digit = tl.sum(((counts >= k) & (digits > 0)).to(tl.uint32), axis=0)  # counts fall with the digit
+        ans = ans | (digit << shift.to(tl.uint32))
+        shift = shift - 4
     return ans
 
 
@@ -72,35 +80,40 @@ def row_max_sumexp(row_ptr, V, temperature, lo, SCALE: tl.constexpr, BLOCK_V: tl
 
 
 @triton.jit
-def topp_key(row_ptr, V, temperature, top_p, lo, m, z, SCALE: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Largest key K whose strictly-greater kept mass is >= top_p: keep iff key > result (and key >= lo)."""
+def topp_key(row_ptr, V, temperature, top_p, lo, m, z, SCALE: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Largest key K whose strictly-greater kept mass is >= top_p: keep iff key > result (and key >= lo).
+
+    Same radix search as `topk_key`, on the softmax mass above each candidate instead of a count.
+    """
     target = top_p * z
+    digits = tl.arange(0, 16).to(tl.uint32)
     ans = tl.full([], 0, tl.uint32)
-    bit = tl.full([], 0x80000000, tl.uint32)
-    for _ in range(32):
-        cand = ans | bit
-        bit = bit >> 1
-        mass = tl.full([], 0.0, tl.float32)
-        for start in range(0, V, BLOCK_V):
-            offs = start + tl.arange(0, BLOCK_V)
+    shift = tl.full([], 28, tl.int32)
+    for _ in range(8):
+        cands = ans | (digits << shift.to(tl.uint32))
+        mass = tl.zeros([16], tl.float32)
+        for start in range(0, V, BLOCK_R):
+            offs = start + tl.arange(0, BLOCK_R)
             x = scaled_tile(row_ptr, offs, V, temperature, SCALE)
             key = order_key(x)
-            keep = (key >= lo) & (key > cand) & (offs < V)
-            mass += tl.sum(tl.where(keep, tl.exp(x - m), 0.0), axis=0)
-        ans = tl.where(mass >= target, cand, ans)
+            e = tl.where((key >= lo) & (offs < V), tl.exp(x - m), 0.0)
+            mass += tl.sum(tl.where(key[None, :] > cands[:, None], e[None, :], 0.0), axis=1)
+        digit = tl.sum(((mass >= target) & (digits > 0)).to(tl.uint32), axis=0)
+        ans = ans | (digit << shift.to(tl.uint32))
+        shift = shift - 4
     return ans
 
 
 @triton.jit
 def keep_threshold(row_ptr, V, temperature, top_k, top_p, SCALE: tl.constexpr, TOP_K: tl.constexpr,
-                   TOP_P: tl.constexpr, BLOCK_V: tl.constexpr):
+                   TOP_P: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr):
     """The order key `lo` such that the filtered support of the row is exactly {key >= lo}."""
     lo = tl.full([], 0, tl.uint32)
     if TOP_K:
-        lo = topk_key(row_ptr, V, temperature, top_k, SCALE, BLOCK_V)
+        lo = topk_key(row_ptr, V, temperature, top_k, SCALE, BLOCK_R)
     if TOP_P:
         m, z = row_max_sumexp(row_ptr, V, temperature, lo, SCALE, BLOCK_V)
-        kp = topp_key(row_ptr, V, temperature, top_p, lo, m, z, SCALE, BLOCK_V)
+        kp = topp_key(row_ptr, V, temperature, top_p, lo, m, z, SCALE, BLOCK_R)
         lo = tl.maximum(lo, kp + 1)
     return lo
 
@@ -116,6 +129,11 @@ def argmax_update(best_val, best_idx, vals, offs):
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def pick_block_r(block_v: int) -> int:
+    """Tile width of the radix passes ([16, BLOCK_R] compares per tile: keep it register-sized)."""
+    return min(block_v, 256)
 
 
 def pick_block_v(vocab: int, block_v: int | None = None) -> int:

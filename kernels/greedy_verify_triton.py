@@ -20,20 +20,20 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._triton_common import argmax_update, keep_threshold, order_key, pick_block_v, scaled_tile
+from kernels._triton_common import argmax_update, pick_block_r, keep_threshold, order_key, pick_block_v, scaled_tile
 
 
 @triton.jit
 def _match_verify_kernel(logits_ptr, stride_lb, stride_lr, noise_ptr, stride_nb, stride_nr, draft_ptr, stride_db,
                          choice_ptr, accepted_ptr, relaxed_ptr, V, n_draft, temperature, top_k, top_p, log_a,
                          SCALE: tl.constexpr, TOP_K: tl.constexpr, TOP_P: tl.constexpr, NOISE: tl.constexpr,
-                         RELAX: tl.constexpr, BLOCK_V: tl.constexpr):
+                         RELAX: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr):
     pid = tl.program_id(0)
     rows = n_draft + 1
     b = pid // rows
     i = pid % rows
     row_ptr = logits_ptr + b.to(tl.int64) * stride_lb + i.to(tl.int64) * stride_lr
-    lo = keep_threshold(row_ptr, V, temperature, top_k, top_p, SCALE, TOP_K, TOP_P, BLOCK_V)
+    lo = keep_threshold(row_ptr, V, temperature, top_k, top_p, SCALE, TOP_K, TOP_P, BLOCK_V, BLOCK_R)
 
     best_val = tl.full([], float("-inf"), tl.float32)
     best_idx = tl.full([], 0, tl.int32)
@@ -89,12 +89,14 @@ def match_verify_batched(draft_tokens: torch.Tensor, target_logits: torch.Tensor
     accepted = torch.full((bsz,), n, dtype=torch.int32, device=dev)
     relaxed = torch.zeros(bsz, max(n, 1), dtype=torch.int8, device=dev)
     grid = (bsz * rows,)
+    bv = pick_block_v(vocab, block_v)
     _match_verify_kernel[grid](
         logits, logits.stride(0), logits.stride(1), g, g.stride(0), g.stride(1), draft, max(n, 1),
         choice, accepted, relaxed, vocab, n, float(temperature) if sampling else 1.0, int(top_k), float(top_p),
         math.log(acceptance_threshold) if relax else 0.0,
         SCALE=sampling, TOP_K=sampling and 0 < top_k < vocab, TOP_P=sampling and top_p < 1.0, NOISE=noise,
-        RELAX=relax, BLOCK_V=pick_block_v(vocab, block_v), num_warps=num_warps)
+        RELAX=relax, BLOCK_V=bv, BLOCK_R=pick_block_r(bv), num_warps=num_warps,
+        enable_fp_fusion=False)
     acc = accepted.long()
     choice = choice.long()
     nxt = choice.gather(1, acc[:, None]).squeeze(1)

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._triton_common import argmax_update, keep_threshold, order_key, pick_block_v, row_max_sumexp, scaled_tile
+from kernels._triton_common import argmax_update, pick_block_r, keep_threshold, order_key, pick_block_v, row_max_sumexp, scaled_tile
 
 
 @triton.jit
@@ -50,7 +50,8 @@ def _probs(x, offs, V, lo, m, z, hot, ONEHOT: tl.constexpr):
 def _spec_sample_kernel(logits_ptr, stride_lb, stride_lr, q_ptr, stride_qb, stride_qr, noise_ptr, stride_nb,
                         stride_nr, draft_ptr, stride_db, u_ptr, stride_ub, ptok_ptr, cand_ptr, accepted_ptr,
                         V, n_draft, temperature, top_k, top_p,
-                        ONEHOT: tl.constexpr, SCALE: tl.constexpr, TOP_K: tl.constexpr, TOP_P: tl.constexpr, BLOCK_V: tl.constexpr):
+                        ONEHOT: tl.constexpr, SCALE: tl.constexpr, TOP_K: tl.constexpr, TOP_P: tl.constexpr, BLOCK_V: tl.constexpr,
+                        BLOCK_R: tl.constexpr):
     pid = tl.program_id(0)
     rows = n_draft + 1
     b = pid // rows
@@ -67,7 +68,7 @@ def _spec_sample_kernel(logits_ptr, stride_lb, stride_lr, q_ptr, stride_qb, stri
     if ONEHOT:
         hot = _raw_argmax(row_ptr, V, BLOCK_V)
     else:
-        lo = keep_threshold(row_ptr, V, temperature, top_k, top_p, SCALE, TOP_K, TOP_P, BLOCK_V)
+        lo = keep_threshold(row_ptr, V, temperature, top_k, top_p, SCALE, TOP_K, TOP_P, BLOCK_V, BLOCK_R)
         m, z = row_max_sumexp(row_ptr, V, temperature, lo, SCALE, BLOCK_V)
 
     ninf = float("-inf")
@@ -128,12 +129,14 @@ def speculative_verify_batched(draft_tokens: torch.Tensor, draft_probs: torch.Te
     cand = torch.empty(bsz, rows, dtype=torch.int32, device=dev)
     accepted = torch.full((bsz,), n, dtype=torch.int32, device=dev)
     sampling = temperature > 0.0
+    bv = pick_block_v(vocab, block_v)
     _spec_sample_kernel[(bsz * rows,)](
         logits, logits.stride(0), logits.stride(1), q, q.stride(0), q.stride(1), g, g.stride(0), g.stride(1),
         draft, draft.stride(0), u, u.stride(0), ptok, cand, accepted, vocab, n,
         float(temperature) if sampling else 1.0, int(top_k), float(top_p),
         ONEHOT=not sampling, SCALE=sampling, TOP_K=sampling and 0 < top_k < vocab, TOP_P=sampling and top_p < 1.0,
-        BLOCK_V=pick_block_v(vocab, block_v), num_warps=num_warps)
+        BLOCK_V=bv, BLOCK_R=pick_block_r(bv), num_warps=num_warps,
+        enable_fp_fusion=False)
     acc = accepted.long()
     nxt = cand.long().gather(1, acc[:, None]).squeeze(1)
     targets = ptok.long().scatter(1, acc[:, None], nxt[:, None])

@@ -94,6 +94,20 @@ def with_drafter(engine: Engine, cls: type[ScriptedDrafter] | None, full_sequenc
     return engine
 
 
+class FailingTarget(Target):
+    """A real target whose forward number `fail_at` (1 = the prefill) raises `error`, once."""
+
+    def __init__(self, model, error: BaseException, fail_at: int):
+        super().__init__(model, None, name="failing")
+        self.error, self.fail_at, self.n = error, fail_at, 0
+
+    def forward(self, *args, **kwargs):
+        self.n += 1
+        if self.n == self.fail_at:
+            raise self.error
+        return super().forward(*args, **kwargs)
+
+
 def commits(events: list) -> list[int]:
     return [t for e in events if isinstance(e, Commit) for t in e.token_ids]
 

@@ -7,6 +7,8 @@ No downloads. The character tokenizer maps each of 256 ids to one printable char
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 from dflash.draft import DFlashDraftModel, DraftConfig
@@ -50,3 +52,44 @@ def random_default_draft(target: Target, block_size: int = 16, layers: int = 1, 
                       head_dim=64, intermediate_size=1536, vocab_size=target.vocab_size, num_target_layers=target.num_layers,
                       block_size=block_size, mask_token_id=16)
     return DFlashDraftModel(cfg)
+
+
+PROMPT = "Once upon a time"
+
+
+def _partly_right_drafter():
+    from tests.engine_helpers import ScriptedDrafter
+
+    class PartlyRight(ScriptedDrafter):
+        """The target's own continuation, except a wrong token at every 7th absolute position."""
+
+        def token_at(self, t: int) -> int:
+            ref = self.reference(t)
+            return ref if t % 7 else (ref + 1) % self.vocab_size
+
+    return PartlyRight
+
+
+@lru_cache(maxsize=1)
+def recorded_runs() -> dict[str, list]:
+    """Event streams recorded from real engine runs on the tiny models, shared by the UI test modules:
+    - mixed: proposals right except at every 7th position (accepted, corrected and bonus tokens; slow-start);
+    - baseline: the same prompt without a draft (autoregressive);
+    - denoise: the random tiny draft with 3 denoising steps, one position committed per step until the last;
+    - lossy: the random tiny draft with acceptance threshold 0.05 (relaxed, lossy acceptances)."""
+    from tests.engine_helpers import with_drafter
+    from dflash.request import Request
+
+    torch.set_num_threads(1)
+    engine = tiny_text_engine(block_size=8)
+    base = engine.generate(Request(prompt=PROMPT, max_new_tokens=40, use_draft=False))
+    full = engine.prompt_ids(Request(prompt=PROMPT)) + base.output_ids
+    with_drafter(engine, _partly_right_drafter(), full)
+    try:
+        mixed = engine.generate(Request(prompt=PROMPT, max_new_tokens=40, block_size=4, adaptive="slow-start",
+                                        min_block_size=2, max_block_size=8))
+    finally:
+        with_drafter(engine, None, full)
+    denoise = engine.generate(Request(prompt=PROMPT, max_new_tokens=16, block_size=8, diffusion_steps=3, confidence_threshold=1.0))
+    lossy = engine.generate(Request(prompt=PROMPT, max_new_tokens=30, block_size=4, acceptance_threshold=0.05))
+    return {"mixed": mixed.events, "baseline": base.events, "denoise": denoise.events, "lossy": lossy.events}

@@ -188,7 +188,7 @@ def token_stream_html(events: list, show_rejected: bool = True, placeholder: str
     fin = finished(events)
     tail = f'<div class="dfl-finish">{attr(finish_words(fin))}</div>' if fin else ""
     return (f'<div class="dfl-tokens-wrap">{legend_html(has_draft, show_rejected)}{head}'
-            f'<div class="dfl-stream" data-tokens="{len(spans)}">{body}</div>{tail}'
+            f'<div class="dfl-stream-scroll"><div class="dfl-stream" data-tokens="{len(spans)}">{body}</div></div>{tail}'
             f'<div class="tok-details" aria-live="polite">Hover over (or click) a token: block, position, draft '
             f'confidence and the target\'s choice.</div></div>')
 
@@ -289,11 +289,11 @@ def inspector_html(events: list, block: int | None = None) -> str:
         for c in row:
             k = c["kind"]
             if k == "anchor":
-                cells.append(_cell(c["text"] if not is_verify else "·", None if is_verify else None, "cell-anchor",
-                                   "anchor: the last committed token (not drafted)"))
+                cells.append(_cell("·" if is_verify else c["text"], None, "cell-anchor", "anchor: the last committed token (not drafted)"))
             elif k == "mask":
-                cells.append(f'<td class="cell-mask" title="{attr("still MASK after this step; current best guess " + quoted(c["text"]) + f" ({c["conf"]:.2f})")}">'
-                             f'<span class="ct">MASK</span><small class="conf">{c["conf"]:.2f}</small></td>')
+                tip = f"still MASK after this step; current best guess {quoted(c['text'])} ({c['conf']:.2f})"
+                cells.append(f'<td class="cell-mask" title="{attr(tip)}"><span class="ct">MASK</span>'
+                             f'<small class="conf">{c["conf"]:.2f}</small></td>')
             elif k == "new":
                 cells.append(_cell(c["text"], c["conf"], "cell-new", f"committed at this step (confidence {c['conf']:.2f})"))
             elif k == "old":
@@ -301,8 +301,9 @@ def inspector_html(events: list, block: int | None = None) -> str:
             elif k == "ok":
                 cells.append(f'<td class="v-ok" title="accepted: the target agrees"><span class="glyph">✓</span></td>')
             elif k == "bad":
-                cells.append(f'<td class="v-bad" title="{attr("rejected: draft " + quoted(c["draft"]) + ", the target chose " + quoted(c["text"]))}">'
-                             f'<span class="glyph">✗</span> <span class="ct">{show_text(c["text"])}</span></td>')
+                tip = f"rejected: draft {quoted(c['draft'])}, the target chose {quoted(c['text'])}"
+                cells.append(f'<td class="v-bad" title="{attr(tip)}"><span class="glyph">✗</span> '
+                             f'<span class="ct">{show_text(c["text"])}</span></td>')
             else:
                 cells.append('<td class="v-skip" title="not counted: after the first rejection">–</td>')
         rows_html.append(f'<tr class="{"row-verify" if is_verify else "row-step"}"><th scope="row">{label}</th>{"".join(cells)}</tr>')

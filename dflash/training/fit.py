@@ -48,6 +48,7 @@ class FitConfig:
     ckpt_every: int = 250
     eval_every: int = 250
     holdout_shards: int = 1
+    data_fraction: float = 1.0  # train on the first fraction of the training sequences (data-size ablation)
     threads: int = 0
 
     def __post_init__(self) -> None:
@@ -57,6 +58,8 @@ class FitConfig:
             raise ValueError("block_size must be >= 2")
         if self.steps < 1 or self.seqs_per_step < 1 or self.anchors_per_seq < 1:
             raise ValueError("steps, seqs_per_step and anchors_per_seq must be >= 1")
+        if not 0.0 < self.data_fraction <= 1.0:
+            raise ValueError("data_fraction must be in (0, 1]")
         if not 0.0 <= self.partial_prob <= 1.0:
             raise ValueError("partial_prob must be in [0, 1]")
         if self.lr <= 0 or self.kl_weight < 0:
@@ -117,7 +120,7 @@ class Trainer:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.cfg = cfg
-        meta = json.loads((Path(cfg.data) / "meta.json").read_text())
+        meta = json.loads((Path(cfg.data.split(",")[0]) / "meta.json").read_text())
         model, tokenizer = load_target_model(meta.get("target", SMOLLM2_GGUF))
         tc = model.config
         # Frozen, shared: the target's embedding and LM head. [V, H] each.
@@ -128,6 +131,10 @@ class Trainer:
         del model
         layer_ids = cfg.target_layer_ids or build_target_layer_ids(tc.num_hidden_layers, cfg.layers)
         self.corpus = Corpus(cfg.data, layer_ids, cfg.holdout_shards)
+        if cfg.data_fraction < 1.0:  # a fixed-seed subset, so the ablation is reproducible
+            keep = torch.randperm(len(self.corpus.train), generator=torch.Generator().manual_seed(0))
+            keep = keep[: max(1, int(len(keep) * cfg.data_fraction))].sort().values.tolist()
+            self.corpus.train = [self.corpus.train[i] for i in keep]
         head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
         self.dcfg = DraftConfig(hidden_size=tc.hidden_size, num_hidden_layers=cfg.layers,
                                 num_attention_heads=tc.num_attention_heads, num_key_value_heads=tc.num_key_value_heads,

@@ -1,0 +1,173 @@
+"""`python -m dflash bench`: methods × prompts → result JSON (schema: docs/bench.md) + a Markdown table.
+
+The JSON is rewritten after every prompt (atomically), so an interrupted run keeps what it measured and
+`--resume` continues it with the same settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from dflash.cli import add_engine_args, add_model_args, engine_from_args, request_kwargs
+from dflash.errors import ValidationError
+
+DEFAULT_METHODS = "ar,dflash,hf-generate,hf-prompt-lookup"
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("bench", help="measure speedup against the baselines (ar, hf-generate, prompt lookup)",
+                              description="Run methods over a prompt set; write a JSON result and a Markdown table.")
+    g = p.add_argument_group("benchmark")
+    g.add_argument("--prompts", default="mt-bench",
+                   help="mt-bench | humaneval | sharegpt-heldout | FILE.jsonl (rows with prompt text or prompt_ids)")
+    g.add_argument("--limit", type=int, help="first N prompts of the set (default: all)")
+    g.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated subset of %(default)s")
+    g.add_argument("--repeats", type=int, default=1, help="runs of each method on each prompt (interleaved)")
+    g.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of each method")
+    g.add_argument("--prompt-lookup-num-tokens", type=int, default=10, help="hf-prompt-lookup: tokens per lookup")
+    g.add_argument("--max-matching-ngram-size", type=int, default=2, help="hf-prompt-lookup: n-gram size")
+    g.add_argument("--output", default="bench-result.json", help="result JSON (a Markdown table is written next to it)")
+    g.add_argument("--markdown", help="Markdown path (default: the output path with .md)")
+    g.add_argument("--resume", action="store_true", help="continue an interrupted run with the same settings")
+    g.add_argument("--overwrite", action="store_true", help="replace an existing result file")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--random-draft", type=int, metavar="LAYERS",
+                   help="development only: a RANDOM draft with LAYERS layers sized for the target (measures draft "
+                        "and verify overhead; tau is ~1, so dflash is slower than ar)")
+    add_model_args(p)
+    add_engine_args(p)
+    p.set_defaults(func=cmd_bench, _parser=p)
+    return p
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The command, rebuilt from the parsed options that differ from their defaults (reproducible as shown)."""
+    parts = ["python", "-m", "dflash", "bench"]
+    for action in args._parser._actions:
+        if not action.option_strings or action.dest in ("help",):
+            continue
+        value = getattr(args, action.dest, None)
+        if value == action.default:
+            continue
+        flag = action.option_strings[-1] if action.option_strings[-1].startswith("--") else action.option_strings[0]
+        if isinstance(action, argparse._StoreTrueAction):
+            parts.append(flag)
+        else:
+            parts += [flag, str(value)]
+    import shlex
+
+    return shlex.join(parts)
+
+
+def _random_draft(engine, layers: int):
+    """A random DFlash draft sized like the target's own layers (development: overhead measurements only)."""
+    import torch
+
+    from dflash.draft import DFlashDraftModel, DraftConfig
+    from dflash.engine import Engine
+
+    if not 1 <= layers <= 8:
+        raise ValidationError("random_draft", f"must be in [1, 8] layers, got {layers}")
+    tg = engine.target
+    c = tg.config
+    heads = c.num_attention_heads
+    mask = 16 if tg.vocab_size > 16 else tg.vocab_size - 1  # SmolLM2's <empty_output>, never in chat answers
+    torch.manual_seed(0)
+    cfg = DraftConfig(hidden_size=tg.hidden_size, num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=getattr(c, "num_key_value_heads", heads),
+                      head_dim=getattr(c, "head_dim", None) or tg.hidden_size // heads,
+                      intermediate_size=c.intermediate_size, vocab_size=tg.vocab_size, num_target_layers=tg.num_layers,
+                      block_size=16, mask_token_id=mask)
+    return Engine(tg, DFlashDraftModel(cfg), name=engine.name)
+
+
+def _result_paths(args) -> tuple[Path, Path]:
+    out = Path(args.output)
+    if out.suffix != ".json":
+        raise ValidationError("output", f"must end in .json, got {args.output!r}")
+    if not out.parent.is_dir():
+        raise ValidationError("output", f"directory {str(out.parent)!r} does not exist")
+    if out.exists() and not (args.resume or args.overwrite):
+        raise ValidationError("output", f"{args.output} exists: pass --resume to continue it or --overwrite to replace it")
+    return out, Path(args.markdown) if args.markdown else out.with_suffix(".md")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from dflash.bench import report
+    from dflash.bench.machine import machine_info, now_iso
+    from dflash.bench.runner import BenchConfig, check_methods, prepare_prompts, run_prompt, warm_up
+
+    if args.limit is not None and args.limit < 1:
+        raise ValidationError("limit", f"must be >= 1, got {args.limit}")
+    kwargs = request_kwargs(args)
+    kwargs.pop("use_draft")
+    cfg = BenchConfig(methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), request=kwargs,
+                      repeats=args.repeats, warmup=not args.no_warmup,
+                      prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
+                      max_matching_ngram_size=args.max_matching_ngram_size)
+    json_path, md_path = _result_paths(args)
+    if "dflash" in cfg.methods and args.no_draft:
+        raise ValidationError("methods", "--no-draft loads no draft: leave dflash out of --methods")
+    # --random-draft: load the target alone (the preset's draft may not exist yet), then attach the random draft.
+    engine, info = engine_from_args(argparse.Namespace(**{**vars(args), "no_draft": args.no_draft or bool(args.random_draft)}))
+    if args.random_draft:
+        engine = _random_draft(engine, args.random_draft)
+        info["draft"] = f"RANDOM ({args.random_draft} layers, seed 0; development only)"
+    check_methods(engine, cfg)
+    items = prepare_prompts(engine, args.prompts, args.limit)
+    config = {"prompts": args.prompts, "limit": args.limit, "n_prompts": len(items), **cfg.to_dict()}
+    models = {"name": engine.name, "preset": args.preset, **info, "trained_block_size": engine.trained_block_size}
+    result = {"schema": "dflash-bench/1", "command": command_line(args), "started_at": now_iso(), "finished_at": None,
+              "complete": False, "machine": machine_info(info["device"]), "models": models, "config": config,
+              "prompts": []}
+    if args.resume and json_path.exists():
+        old = json.loads(json_path.read_text())
+        if old.get("config") != config or old.get("models", {}).get("draft") != models.get("draft"):
+            raise ValidationError("resume", f"{args.output} was made with other settings; use --overwrite to start again")
+        result["prompts"] = [p for p in old["prompts"] if p["index"] < len(items) and p["prompt_ids"] == items[p["index"]].ids]
+        result["started_at"], result["resumed_at"] = old.get("started_at"), now_iso()
+    done = {p["index"] for p in result["prompts"]}
+    todo = [it for it in items if it.index not in done]
+    if todo and cfg.warmup:
+        warm_up(engine, todo, cfg)
+    bar = tqdm(total=len(items), initial=len(done), unit="prompt", disable=args.no_progress, file=sys.stderr,
+               dynamic_ncols=True)
+    try:
+        for item in todo:
+            def on_run(method: str, repeat: int) -> None:
+                bar.set_postfix_str(f"{method} (repeat {repeat + 1}/{cfg.repeats}) {_running(result)}", refresh=True)
+
+            result["prompts"].append(run_prompt(engine, item, cfg, on_run))
+            result["prompts"].sort(key=lambda p: p["index"])
+            report.write_result(result, json_path, md_path)
+            bar.update(1)
+        bar.set_postfix_str(_running(result))
+    finally:
+        bar.close()
+    result.update(complete=True, finished_at=now_iso(), load_average_end=machine_info(info["device"])["load_average"])
+    report.write_result(result, json_path, md_path)
+    print(report.markdown(result))
+    for d in result["differences"]:
+        print(f"warning: prompt {d['prompt']}: {d['method']} differs from ar at output token {d['first_diff']}",
+              file=sys.stderr)
+    print(f"[wrote {json_path} and {md_path}]", file=sys.stderr)
+    return 0
+
+
+def _running(result: dict) -> str:
+    """'dflash 1.42x, hf-generate 0.98x' — the speedups over the prompts finished so far."""
+    if not result["prompts"]:
+        return ""
+    from dflash.bench.report import summarize
+
+    parts = []
+    for m, s in summarize(result).items():
+        if s["speedup"] is not None:
+            key = "decode" if result["config"]["greedy"] else "per_token"
+            parts.append(f"{m} {s['speedup'][key]['speedup']:.2f}x")
+    return ", ".join(parts)

@@ -1,0 +1,170 @@
+"""Where the time goes: measurements behind the engine's performance choices (BENCHMARKS.md quotes them).
+
+    python -m dflash.bench.profile forward [--dtypes float32,bfloat16] [--tokens 1,16] [--context 256] [--reps 10]
+        cost of one cached target forward over T tokens per dtype; for T > 1 also with the LM head through plain
+        MKL (`F.linear`) instead of the oneDNN pre-packed copy (dflash.target.PackedLinear), interleaved.
+    python -m dflash.bench.profile ops [--no-draft | --random-draft 2] [--max-new-tokens 32]
+        torch.profiler over one generation: top operators, and decode time split into draft / verify / the rest.
+    python -m dflash.bench.profile head-ab --random-draft 2 [--limit 3] [--max-new-tokens 32] [--repeats 2]
+        generations interleaved with the packed head on and off: verify and draft ms per block, same outputs.
+
+Options shared with the CLI: --preset/--target/--draft/--dtype/--threads. Keep runs small on a shared CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from dflash.cli import add_model_args, engine_from_args
+
+
+def _median_min(values: list[float]) -> tuple[float, float]:
+    return statistics.median(values), min(values)
+
+
+def forward_costs(args) -> list[dict]:
+    from dflash.target import Target, load_target_model
+    from dflash.registry import get_preset
+
+    source = args.target or get_preset(args.preset).target
+    model, tok = load_target_model(source)
+    rows = []
+    for dtype in args.dtypes.split(","):
+        tg = Target(model, tok, dtype={"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype])
+        ctx = torch.randint(100, min(tg.vocab_size, 40000), (1, args.context))
+        cache = tg.new_cache()
+        tg.forward(ctx, cache, last_only=True, capture=False)
+        sizes = [int(t) for t in args.tokens.split(",")]
+        variants = [(t, packed) for t in sizes for packed in ((True, False) if t > 1 and dtype == "float32" else (True,))]
+        times: dict[tuple[int, bool], list[float]] = {v: [] for v in variants}
+        ids = {t: torch.randint(100, min(tg.vocab_size, 40000), (1, t)) for t in sizes}
+        for rep in range(args.reps + 1):  # interleaved; repetition 0 is a warm-up
+            for t, packed in variants:
+                tg.head.enabled = packed
+                t0 = time.perf_counter()
+                tg.forward(ids[t], cache, capture=False)
+                dt = (time.perf_counter() - t0) * 1000
+                Target.crop(cache, args.context)
+                if rep:
+                    times[(t, packed)].append(dt)
+        tg.head.enabled = True
+        one = statistics.median(times[(1, True)]) if (1, True) in times else None
+        for (t, packed), v in times.items():
+            med, lo = _median_min(v)
+            rows.append({"dtype": dtype, "tokens": t, "head": "onednn-packed" if packed and t > 1 and dtype == "float32" else "mkl",
+                         "median_ms": round(med, 1), "min_ms": round(lo, 1),
+                         "vs_1_token": round(med / one, 2) if one else None})
+        model = tg.model  # the next dtype casts the same weights
+    return rows
+
+
+def op_profile(args) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    from dflash.request import Request
+
+    engine = _engine(args)
+    use_draft = engine.draft is not None
+    req = Request(prompt=args.prompt, max_new_tokens=args.max_new_tokens, use_draft=use_draft)
+    engine.generate(Request(prompt=args.prompt, max_new_tokens=4, use_draft=use_draft))  # warm-up
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        res = engine.generate(req)
+    s = res.stats
+    other = s["decode_ms"] - s["draft_ms"] - s["verify_ms"]
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top)
+    total = sum(e.self_cpu_time_total for e in prof.key_averages())
+    top = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[: args.top]
+    return {"draft": use_draft, "n_output_tokens": s["n_output_tokens"], "n_verify": s["n_verify"], "tau": s["tau"],
+            "decode_ms": s["decode_ms"], "draft_ms_per_block": s["draft_ms"] / max(s["n_verify"], 1),
+            "verify_ms_per_block": s["verify_ms"] / max(s["n_verify"], 1),
+            "other_ms_per_block": other / max(s["n_verify"], 1),
+            "top_ops": [{"op": e.key, "self_cpu_share": round(e.self_cpu_time_total / total, 3), "calls": e.count}
+                        for e in top], "table": table}
+
+
+def head_ab(args) -> dict:
+    from dflash.bench.runner import prepare_prompts
+    from dflash.request import Request
+
+    engine = _engine(args)
+    if engine.draft is None:
+        raise SystemExit("head-ab needs a draft: --draft DIR or --random-draft LAYERS")
+    items = prepare_prompts(engine, args.prompts, args.limit)
+    per: dict[bool, dict[str, list[float]]] = {True: {"verify": [], "draft": []}, False: {"verify": [], "draft": []}}
+    same = True
+    engine.generate(Request(prompt_ids=tuple(items[0].ids), max_new_tokens=8))  # warm-up (packs the head)
+    for item in items:
+        outs = {}
+        for rep in range(args.repeats):
+            for packed in ((True, False) if rep % 2 == 0 else (False, True)):
+                engine.target.head.enabled = packed
+                res = engine.generate(Request(prompt_ids=tuple(item.ids), max_new_tokens=args.max_new_tokens))
+                n = max(res.stats["n_verify"], 1)
+                per[packed]["verify"].append(res.stats["verify_ms"] / n)
+                per[packed]["draft"].append(res.stats["draft_ms"] / n)
+                outs.setdefault(packed, res.output_ids)
+        same &= outs[True] == outs[False]
+    engine.target.head.enabled = True
+    out = {"outputs_identical": same}
+    for packed, name in ((True, "onednn_packed_head"), (False, "mkl_head")):
+        out[name] = {k: round(statistics.median(v), 1) for k, v in per[packed].items()}
+    out["verify_ratio"] = round(out["mkl_head"]["verify"] / out["onednn_packed_head"]["verify"], 2)
+    out["draft_ratio"] = round(out["mkl_head"]["draft"] / out["onednn_packed_head"]["draft"], 2)
+    return out
+
+
+def _engine(args):
+    from dflash.bench.cli import _random_draft
+
+    random = getattr(args, "random_draft", None)
+    engine, _ = engine_from_args(argparse.Namespace(**{**vars(args), "no_draft": args.no_draft or bool(random)}))
+    if random:
+        engine = _random_draft(engine, args.random_draft)
+    return engine
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dflash.bench.profile", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="mode", required=True)
+    f = sub.add_parser("forward")
+    f.add_argument("--dtypes", default="float32,bfloat16")
+    f.add_argument("--tokens", default="1,16")
+    f.add_argument("--context", type=int, default=256)
+    f.add_argument("--reps", type=int, default=10)
+    o = sub.add_parser("ops")
+    o.add_argument("--prompt", default="Write a short story about a robot who learns to paint.")
+    o.add_argument("--max-new-tokens", type=int, default=32)
+    o.add_argument("--top", type=int, default=15)
+    h = sub.add_parser("head-ab")
+    h.add_argument("--prompts", default="mt-bench")
+    h.add_argument("--limit", type=int, default=3)
+    h.add_argument("--max-new-tokens", type=int, default=32)
+    h.add_argument("--repeats", type=int, default=2)
+    for q in (f, o, h):
+        add_model_args(q)
+        q.add_argument("--random-draft", type=int, metavar="LAYERS", help="a random draft sized for the target")
+        q.add_argument("--json", action="store_true", help="print JSON instead of text")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    result = {"forward": forward_costs, "ops": op_profile, "head-ab": head_ab}[args.mode](args)
+    result = {"mode": args.mode, "threads": torch.get_num_threads(), "argv": sys.argv[1:] if argv is None else argv,
+              "load_average": list(__import__("os").getloadavg()), "result": result}
+    if args.json:
+        print(json.dumps(result, indent=1, default=str))
+    else:
+        res = result["result"]
+        if isinstance(res, dict) and "table" in res:
+            print(res.pop("table"))
+        print(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

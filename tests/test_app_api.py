@@ -1,0 +1,282 @@
+"""The launched playground through its API (gradio_client), on a tiny real engine: streaming, final statistics,
+clear errors for bad parameters, Stop, Compare, replay and uploads — plus the handlers' deadline and step mode,
+and one short run on the real default target."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from gradio_client import Client, handle_file
+from gradio_client.exceptions import AppError
+
+from dflash.request import Request
+from tests.ui_support import PROMPT, tiny_text_engine
+from ui import build_demo, launch_kwargs
+from ui.engines import EngineProvider
+from ui.handlers import CONTROL_KEYS, Playground, Settings, defaults
+from ui.layout import OUT_KEYS
+from ui.replay import bundled_traces, parse_trace
+
+CLIENT_KEYS = [k for k in OUT_KEYS if k not in ("trace", "history")]  # State outputs are not sent to clients
+
+
+def args(**over):
+    d = defaults(8)
+    d.update(prompt=PROMPT, max_new_tokens=32, show_rejected=False)
+    d.update(over)
+    return [d[k] for k in CONTROL_KEYS]
+
+
+def named(result) -> dict:
+    return dict(zip(CLIENT_KEYS, result))
+
+
+def n_tokens(html: str) -> int:
+    return int(re.search(r'data-tokens="(\d+)"', html).group(1))
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    torch.set_num_threads(1)
+    engine = tiny_text_engine(block_size=8)
+    demo = build_demo({"default": engine})
+    _, url, _ = demo.launch(**launch_kwargs(server_port=None, prevent_thread_lock=True, quiet=True))
+    client = Client(url, verbose=False, download_files=str(tmp_path_factory.mktemp("downloads")))
+    yield SimpleNamespace(demo=demo, url=url, client=client, engine=engine)
+    client.close()
+    demo.close()
+
+
+def test_generation_streams_updates_and_ends_with_the_engines_statistics(app):
+    job = app.client.submit(*args(max_new_tokens=48), api_name="/generate")
+    final = named(job.result(timeout=600))
+    outs = [named(o) for o in job.outputs()]
+    counts = [n_tokens(o["tokens"]) for o in outs if isinstance(o["tokens"], str)]
+    assert len(outs) >= 3 and counts == sorted(counts) and counts[-1] == 48
+    assert "Finished (length)" in final["status"] and "48 tokens" in final["status"]
+    # The exported trace is the run; the same request on the engine gives the same tokens and statistics.
+    trace = parse_trace(Path(final["export_trace"]).read_text(encoding="utf-8"))
+    direct = app.engine.generate(Request(**trace.events[0].request))
+    assert trace.events[-1].output_ids == direct.output_ids
+    assert trace.events[-1].stats["acceptance_lengths"] == direct.stats["acceptance_lengths"]
+    assert f'data-tau="{direct.stats["tau"]:.4f}"' in final["stats"] and 'data-n-out="48"' in final["stats"]
+    assert trace.events[0].request["deadline_s"] == Settings().deadline_s  # per-request deadline applied
+    for key in ("block_length", "histogram", "positions", "throughput"):
+        fig = json.loads(final[key]["plot"])
+        assert fig["data"], key
+    assert json.loads(final["block_length"]["plot"])["data"][0]["y"] == trace.events[-1].stats["block_sizes"]
+    rows = Path(final["export_metrics"]).read_text().splitlines()
+    assert rows[0].startswith("block,start,block_size") and len(rows) == 1 + sum(
+        1 for e in trace.events if type(e).__name__ == "Commit")
+    assert final["history_table"]["data"][-1][CLIENT_HISTORY_TOKENS] == 48
+
+
+CLIENT_HISTORY_TOKENS = 13  # index of "tokens" in HISTORY_COLUMNS
+
+
+def raw_call(app, api_name: str, body: str) -> str:
+    """Call an event over Gradio's HTTP queue with a hand-written JSON body (gradio_client refuses NaN and
+    infinity, a browser or script need not). Returns the error message, or "" on success."""
+    import httpx
+
+    fn = next(fn for fn in app.demo.fns.values() if fn.api_name == api_name)
+    session = f"raw{time.monotonic_ns()}"
+    payload = f'{{"data": {body}, "fn_index": {fn._id}, "session_hash": "{session}", "event_data": null}}'
+    with httpx.Client(base_url=app.url, timeout=120) as http:
+        r = http.post("gradio_api/queue/join", content=payload, headers={"content-type": "application/json"})
+        assert r.status_code == 200, r.text
+        with http.stream("GET", "gradio_api/queue/data", params={"session_hash": session}) as stream:
+            for line in stream.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                msg = json.loads(line[5:])
+                if msg.get("msg") == "process_completed":
+                    return "" if msg.get("success") else str((msg.get("output") or {}).get("error"))
+    return "no completion message"
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("temperature", "NaN", "temperature: must be a finite number, got nan"),
+    ("top_p", "Infinity", "top_p: must be a finite number, got inf"),
+    ("block_size", "NaN", "block_size: must be an integer in [1, 64], got nan"),
+    ("confidence", "-Infinity", "confidence_threshold: must be a finite number"),
+])
+def test_nan_and_infinity_are_refused_by_name(app, name, value, message):
+    data = [json.dumps(v) for v in args()] + ["[]"]  # + the history State
+    data[CONTROL_KEYS.index(name)] = value
+    assert message in raw_call(app, "generate", "[" + ", ".join(data) + "]")
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"block_size": 999}, "block_size: must be in [1, 64], got 999"),
+    ({"block_size": 12}, "block_size: must be in [2, 8]"),
+    ({"prompt": "x" * 40_000}, "prompt: is 40000 characters; the limit is 32000"),
+    ({"prompt": "   "}, "prompt: must be a non-empty string"),
+    ({"max_new_tokens": 100_000}, "max_new_tokens: must be in [1, 512] in the playground"),
+    ({"acceptance": 0.0}, "acceptance_threshold: must be in (0.0, 1.0]"),
+    ({"steps": 2.5}, "diffusion_steps: must be an integer"),
+    ({"seed": -1}, "seed: must be in [0,"),
+    ({"adaptive": "yolo"}, "adaptive: must be one of fixed, slow-start, cost"),
+    ({"preset": "../../etc/passwd"}, "preset: unknown preset"),
+])
+def test_bad_parameters_come_back_as_clear_errors(app, over, message):
+    with pytest.raises(AppError) as info:
+        app.client.predict(*args(**over), api_name="/generate")
+    text = str(info.value)
+    assert message in text
+    assert "Traceback" not in text and "/work" not in text and ".py" not in text
+
+
+def test_stop_cancels_the_run_and_frees_the_engine(app):
+    job = app.client.submit(*args(max_new_tokens=400), api_name="/generate")  # the tiny model has 512 positions
+    deadline = time.monotonic() + 300
+    while len(job.outputs()) < 3 and not job.done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert app.client.predict(api_name="/stop").startswith("⏹ Stopping")
+    final = named(job.result(timeout=300))
+    assert "Finished (cancelled): stopped by the user" in final["status"]
+    trace = parse_trace(Path(final["export_trace"]).read_text(encoding="utf-8"))
+    assert trace.events[-1].reason == "cancelled" and len(trace.events[-1].output_ids) < 400
+    assert not app.engine._lock.locked()
+    assert app.client.predict(api_name="/stop") == "Nothing is running."
+    again = named(app.client.predict(*args(max_new_tokens=4), api_name="/generate"))
+    assert "Finished (length)" in again["status"]
+
+
+def test_compare_with_autoregressive_shows_speedup_and_identical_output(app):
+    app.client.predict(*args(max_new_tokens=24), api_name="/generate")
+    final = named(app.client.predict(False, api_name="/compare"))
+    assert "Compared with autoregressive" in final["status"] and "identical ✓" in final["status"]
+    assert "✓ identical to the target&#x27;s own output" in final["stats"] and "speedup" in final["stats"]
+    trace = parse_trace(Path(final["export_trace"]).read_text(encoding="utf-8"))
+    assert trace.baseline is not None and trace.baseline[-1].output_ids == trace.events[-1].output_ids
+    assert not trace.baseline[0].has_draft
+    assert len(json.loads(final["throughput"]["plot"])["data"]) == 2
+    row = final["history_table"]["data"][-1]
+    assert row[-1] == "✓" and row[-2] != ""
+
+
+def test_compare_needs_a_run_of_this_session(app):
+    fresh = Client(app.url, verbose=False)
+    try:
+        with pytest.raises(AppError, match="compare: needs a run from this session"):
+            fresh.predict(False, api_name="/compare")
+    finally:
+        fresh.close()
+
+
+def test_replay_bundled_and_uploaded_traces(app, tmp_path):
+    label = next(iter(bundled_traces()))
+    loaded = named(app.client.predict(label, True, api_name="/load_trace"))
+    assert f"Loaded bundled trace:** {label}" in loaded["status"]
+    last = loaded["replay"]["value"]  # a slider update: {"maximum": .., "value": ..}
+    assert loaded["replay"]["maximum"] == last
+    assert loaded["replay_label"].startswith(f"Frame {last + 1}/{last + 1}: finished")
+    prev = named(app.client.predict(last, 0, True, api_name="/step_prev"))
+    assert prev["replay"] == last - 1 and prev["replay_label"].startswith(f"Frame {last}/{last + 1}")
+    first = named(app.client.predict(0, 0, True, api_name="/show_frame"))
+    assert "the request starts" in first["replay_label"] and "Press Generate" in first["tokens"]
+    nxt = named(app.client.predict(0, 0, True, api_name="/step_next"))
+    assert nxt["replay"] == 1
+    up = named(app.client.predict(handle_file(str(bundled_traces()[label])), True, api_name="/upload_trace"))
+    assert "Loaded upload trace" in up["status"]
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "dflash-trace", "version": 1, "events": [{"type": "Evil"}]}')
+    with pytest.raises(AppError, match="not a DFlash event"):
+        app.client.predict(handle_file(str(bad)), True, api_name="/upload_trace")
+    with pytest.raises(AppError, match="not in the list of choices|choose one of the bundled traces"):
+        app.client.predict("../../../etc/passwd", True, api_name="/load_trace")
+
+
+def test_one_generation_at_a_time(app):
+    fns = {fn.api_name: fn for fn in app.demo.fns.values() if fn.api_name}
+    for name in ("generate", "compare"):
+        assert fns[name].concurrency_id == "engine" and fns[name].concurrency_limit == 1
+    assert app.demo._queue.max_size == 16
+    other = Client(app.url, verbose=False)
+    try:
+        jobs = [c.submit(*args(max_new_tokens=16), api_name="/generate") for c in (app.client, other)]
+        for j in jobs:
+            assert "Finished (length)" in named(j.result(timeout=600))["status"]
+    finally:
+        other.close()
+
+
+# -- handlers without HTTP -----------------------------------------------------------------------------------------
+def test_deadline_ends_the_request(app):
+    pg = Playground(EngineProvider({"default": app.engine}), Settings(deadline_s=0.001))
+    values = dict(zip(CONTROL_KEYS, args(max_new_tokens=200)))
+    final = list(pg.generate(values, [], "s"))[-1]
+    assert "Finished (timeout)" in final["status"] and "deadline" in final["tokens"]
+
+
+def test_step_mode_records_then_starts_at_the_first_step(app):
+    pg = Playground(EngineProvider({"default": app.engine}))
+    values = dict(zip(CONTROL_KEYS, args(max_new_tokens=8, step_mode=True)))
+    outs = list(pg.generate(values, [], "s"))
+    assert all(set(o) <= {"status", "tokens", "inspector", "stats", "block_length", "histogram", "positions",
+                          "throughput", "replay_label"} for o in outs[:-1])
+    assert all("tokens" not in o for o in outs[1:-1])  # no animation while recording
+    final = outs[-1]
+    assert final["replay"]["value"] == 0 and "Step mode" in final["status"]
+    stepped = pg.step(final["trace"], 0, 1, 0, True)
+    assert stepped["replay"] == 1 and "Frame 2/" in stepped["replay_label"]
+
+
+def test_unexpected_errors_are_shown_without_internals():
+    def broken_loader(name):
+        raise RuntimeError("secret detail at /srv/models/x.py line 3")
+
+    demo = build_demo(broken_loader)
+    _, url, _ = demo.launch(**launch_kwargs(server_port=None, prevent_thread_lock=True, quiet=True))
+    client = Client(url, verbose=False)
+    try:
+        with pytest.raises(AppError) as info:
+            client.predict(*args(), api_name="/generate")
+        assert "secret" not in str(info.value) and "Something went wrong on the server" in str(info.value)
+    finally:
+        client.close()
+        demo.close()
+
+
+# -- the real default target -----------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_short_generation_on_the_default_target_with_a_random_draft_is_lossless():
+    from dflash.engine import Engine
+    from tests.ui_support import default_target, random_default_draft
+    from ui.engines import load_preset
+    from ui.text import NO_DRAFT_NOTICE
+    from dflash.load import default_draft_available
+    from dflash.registry import get_preset
+
+    torch.set_num_threads(2)
+    target = default_target()
+    engine = Engine(target, random_default_draft(target, block_size=16), name="default")
+    demo = build_demo({"default": engine})
+    _, url, _ = demo.launch(**launch_kwargs(server_port=None, prevent_thread_lock=True, quiet=True))
+    client = Client(url, verbose=False)
+    try:
+        d = defaults(16)
+        d.update(prompt="What is 2 + 2?", max_new_tokens=5, block_size=4)
+        final = named(client.predict(*[d[k] for k in CONTROL_KEYS], api_name="/generate"))
+        trace = parse_trace(Path(final["export_trace"]).read_text(encoding="utf-8"))
+        fin = trace.events[-1]
+        assert fin.reason in ("length", "eos") and fin.stats["n_output_tokens"] >= 1
+        ref = Engine(target).generate(Request(prompt="What is 2 + 2?", max_new_tokens=5, use_draft=False))
+        assert fin.output_ids == ref.output_ids  # greedy DFlash == the target's own output
+        assert f'data-n-out="{fin.stats["n_output_tokens"]}"' in final["stats"]
+    finally:
+        client.close()
+        demo.close()
+    # The app's loader: the trained draft when it exists, else the target alone with a notice.
+    loaded, notice = load_preset("default")
+    if default_draft_available(get_preset("default").draft):
+        assert loaded.drafter is not None and notice == ""
+    else:
+        assert loaded.drafter is None and notice == NO_DRAFT_NOTICE

@@ -1,0 +1,348 @@
+"""The benchmark harness end to end on tiny random models (all four methods, a 2-prompt JSONL set), its
+summaries on synthetic records, the statistics it relies on (synthetic event streams), the transformers
+baselines, and the packed LM head the engine uses for multi-row products."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import tiny_draft, tiny_target
+from dflash import events as ev
+from dflash.bench import report
+from dflash.bench.baselines import hf_generate
+from dflash.bench.runner import BenchConfig, compare
+from dflash.cli import main
+from dflash.draft import save_draft
+from dflash.engine import Engine
+from dflash.errors import ValidationError
+from dflash.request import Request
+from dflash.stats import compute_stats, speedup
+from dflash.target import PackedLinear
+
+torch.set_num_threads(1)  # shared 2-core machine: OpenMP spin-waiting makes 2 threads far slower for tiny models
+
+PROMPTS = [[5, 17, 33, 4, 90, 61], [7, 8, 9, 10, 11, 12, 7, 8, 9, 10]]
+N_NEW = 16
+
+
+def _eos_for(target, prompt: list[int]) -> int:
+    """A token the greedy continuation of `prompt` emits for the first time at output position >= 4, so that
+    prompt 0 ends on EOS (prompt 1 may or may not) and EOS handling is exercised."""
+    out = Engine(target).generate(Request(prompt_ids=tuple(prompt), max_new_tokens=12, use_draft=False)).output_ids
+    return next(t for i, t in enumerate(out) if i >= 4 and t not in out[:i])
+
+
+@pytest.fixture(scope="module")
+def bench_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bench")
+    target = tiny_target("llama")
+    eos = _eos_for(target, PROMPTS[0])
+    target.model.config.eos_token_id = eos
+    target.model.generation_config.eos_token_id = eos
+    target.model.save_pretrained(d / "target")
+    save_draft(tiny_draft(target, block_size=6), d / "draft")
+    (d / "prompts.jsonl").write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in PROMPTS))
+    return d, eos
+
+
+def _args(d, out, *extra):
+    return ["bench", "--target", str(d / "target"), "--draft", str(d / "draft"), "--prompts", str(d / "prompts.jsonl"),
+            "--max-new-tokens", str(N_NEW), "--output", str(out), "--no-progress", "--threads", "1", *extra]
+
+
+@pytest.fixture(scope="module")
+def bench_result(bench_dir):
+    d, eos = bench_dir
+    out = d / "result.json"
+    assert main(_args(d, out, "--repeats", "2", "--prompt-lookup-num-tokens", "4")) == 0
+    return json.loads(out.read_text()), out, eos
+
+
+RUN_KEYS = {"repeat": int, "finish_reason": str, "message": str, "n_output_tokens": int, "ttft_ms": float,
+            "decode_ms": float, "total_ms": float, "decode_tokens": int, "ms_per_token": float, "tokens_per_s": float,
+            "rss_before_mb": float, "rss_peak_mb": float, "stats": dict}
+
+
+def check_schema(r: dict) -> None:
+    """The schema documented in docs/bench.md."""
+    assert r["schema"] == "dflash-bench/1"
+    for key in ("command", "started_at", "finished_at", "complete", "machine", "models", "config", "prompts",
+                "summary", "differences"):
+        assert key in r, key
+    for key in ("cpu_model", "logical_cores", "torch", "transformers", "torch_threads", "load_average", "device"):
+        assert key in r["machine"], key
+    for key in ("target", "device", "dtype", "trained_block_size"):
+        assert key in r["models"], key
+    cfg = r["config"]
+    for key in ("prompts", "n_prompts", "methods", "baseline", "greedy", "repeats", "request", "prompt_lookup_num_tokens"):
+        assert key in cfg, key
+    assert len(r["prompts"]) == cfg["n_prompts"]
+    for p in r["prompts"]:
+        assert set(p) >= {"index", "text", "n_prompt_tokens", "prompt_ids", "methods"}
+        assert list(p["methods"]) == cfg["methods"]
+        for m, rec in p["methods"].items():
+            assert set(rec) >= {"output_ids", "text", "finish_reason", "repeats_agree", "identical", "first_diff",
+                                "same_length", "runs"}
+            assert len(rec["runs"]) == cfg["repeats"]
+            for run in rec["runs"]:
+                for key, typ in RUN_KEYS.items():
+                    assert isinstance(run[key], typ), (m, key, run[key])
+                assert run["ttft_ms"] <= run["total_ms"] and run["decode_ms"] >= 0
+                assert run["rss_peak_mb"] >= run["rss_before_mb"] > 0
+    for m in cfg["methods"]:
+        s = r["summary"][m]
+        for key in ("n_prompts", "decode_tokens", "decode_s", "tokens_per_s", "ttft_ms_median", "tau", "rss_peak_mb",
+                    "rss_increase_mb", "identical", "speedup"):
+            assert key in s, (m, key)
+        if m != cfg["baseline"]:
+            assert set(s["speedup"]) >= {"decode", "by_repeat", "repeat_min", "repeat_max", "per_token", "end_to_end"}
+            assert len(s["speedup"]["by_repeat"]) == cfg["repeats"]
+
+
+def test_end_to_end_schema_identity_and_speedup(bench_result):
+    r, out, eos = bench_result
+    check_schema(r)
+    assert r["complete"] and r["config"]["methods"] == ["ar", "dflash", "hf-generate", "hf-prompt-lookup"]
+    assert r["config"]["greedy"] and r["models"]["trained_block_size"] == 6
+    # Greedy: every method's output equals ar's, on every prompt and repeat; prompt 0 stops on EOS everywhere.
+    assert r["differences"] == []
+    for p in r["prompts"]:
+        ar = p["methods"]["ar"]["output_ids"]
+        for m, rec in p["methods"].items():
+            assert rec["output_ids"] == ar and rec["repeats_agree"], m
+            assert rec["identical"] is (None if m == "ar" else True)
+    first = r["prompts"][0]["methods"]
+    for m, rec in first.items():
+        assert rec["finish_reason"] == "eos" and rec["output_ids"][-1] == eos, m
+    assert all(s["identical"] is None or s["identical"]["n_identical"] == 2 for s in r["summary"].values())
+    # Speedup is computed from the recorded times: sum of per-prompt medians over repeats, baseline / method.
+    for m in ("dflash", "hf-generate", "hf-prompt-lookup"):
+        med = {k: [sorted(run["decode_ms"] for run in p["methods"][k]["runs"]) for p in r["prompts"]] for k in ("ar", m)}
+        base = sum((v[0] + v[1]) / 2 for v in med["ar"])
+        mine = sum((v[0] + v[1]) / 2 for v in med[m])
+        assert r["summary"][m]["speedup"]["decode"]["speedup"] == pytest.approx(base / mine)
+        rep0 = sum(p["methods"]["ar"]["runs"][0]["decode_ms"] for p in r["prompts"]) / \
+            sum(p["methods"][m]["runs"][0]["decode_ms"] for p in r["prompts"])
+        assert r["summary"][m]["speedup"]["by_repeat"][0] == pytest.approx(rep0)
+    # Engine statistics ride along; tau of ar is exactly 1.
+    assert r["summary"]["ar"]["tau"] == 1.0 and r["summary"]["dflash"]["tau"] >= 1.0
+    assert r["summary"]["hf-generate"]["tau"] is None
+    md = out.with_suffix(".md").read_text()
+    for m in r["config"]["methods"]:
+        assert f"| {m} |" in md
+    assert "Every greedy output equals the `ar` output." in md and r["command"] in md
+
+
+def test_resume_runs_only_missing_prompts(bench_dir, bench_result):
+    d, _ = bench_dir
+    r, out, _ = bench_result
+    part = d / "partial.json"
+    args = _args(d, part, "--methods", "ar,hf-generate", "--no-warmup")
+    assert main(args) == 0
+    full = json.loads(part.read_text())
+    interrupted = dict(full, prompts=full["prompts"][:1], complete=False)
+    part.write_text(json.dumps(interrupted))
+    assert main(args + ["--resume"]) == 0
+    resumed = json.loads(part.read_text())
+    assert resumed["complete"] and len(resumed["prompts"]) == 2 and "resumed_at" in resumed
+    assert resumed["prompts"][0] == full["prompts"][0]  # kept as recorded, not rerun
+    assert resumed["prompts"][1]["methods"]["ar"]["output_ids"] == full["prompts"][1]["methods"]["ar"]["output_ids"]
+    # Other settings: refused, the file left alone.
+    assert main(_args(d, part, "--methods", "ar", "--no-warmup", "--resume")) == 2
+    assert json.loads(part.read_text()) == resumed
+
+
+@pytest.mark.parametrize("extra, param", [
+    (["--methods", "ar,turbo"], "methods"),
+    (["--methods", "ar,ar"], "methods"),
+    (["--repeats", "0"], "repeats"),
+    (["--temperature", "3"], "temperature"),
+    (["--no-draft", "--methods", "ar,dflash"], "methods"),
+    (["--limit", "0"], "limit"),
+])
+def test_bad_options_name_the_parameter(bench_dir, tmp_path, capsys, extra, param):
+    d, _ = bench_dir
+    assert main(_args(d, tmp_path / "x.json", *extra)) == 2
+    assert param in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_existing_output_needs_resume_or_overwrite(bench_dir, tmp_path, capsys):
+    d, _ = bench_dir
+    out = tmp_path / "r.json"
+    out.write_text("{}")
+    assert main(_args(d, out)) == 2
+    assert "--resume" in capsys.readouterr().err and out.read_text() == "{}"
+
+
+def test_config_validation():
+    with pytest.raises(ValidationError) as e:
+        BenchConfig(methods=("ar",), request={"use_draft": True})
+    assert e.value.param == "request"
+    with pytest.raises(ValidationError) as e:
+        BenchConfig(methods=("ar",), request={"max_new_tokens": 0})
+    assert e.value.param == "max_new_tokens"
+    cfg = BenchConfig(methods=("hf-generate", "dflash"), request={"temperature": 0.7})
+    assert cfg.baseline == "hf-generate" and not cfg.greedy
+
+
+def test_compare_common_length():
+    assert compare([1, 2, 3], [1, 2, 3]) == {"identical": True, "first_diff": None, "same_length": True}
+    assert compare([1, 2, 3], [1, 2]) == {"identical": True, "first_diff": None, "same_length": False}
+    assert compare([1, 2, 3], [1, 5, 3]) == {"identical": False, "first_diff": 1, "same_length": True}
+
+
+# -- transformers baselines ---------------------------------------------------------------------------------
+def test_hf_generate_matches_engine_and_times_are_consistent():
+    target = tiny_target("llama", seed=3)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    eos = _eos_for(target, prompt)
+    target.model.config.eos_token_id = eos
+    target.model.generation_config.eos_token_id = eos
+    ref = Engine(target).generate(Request(prompt_ids=tuple(prompt), max_new_tokens=N_NEW, use_draft=False))
+    assert ref.finish_reason == "eos" and ref.output_ids[-1] == eos
+    for lookup in (None, 3):
+        out = hf_generate(target, prompt, N_NEW, target.stop_ids(), prompt_lookup_num_tokens=lookup)
+        assert out.output_ids == ref.output_ids and out.finish_reason == "eos"
+        assert 0 < out.ttft_ms <= out.total_ms and out.decode_ms == pytest.approx(out.total_ms - out.ttft_ms)
+        assert 0 <= out.decode_tokens < len(out.output_ids)
+    long = hf_generate(target, prompt, 4, set())  # no stop ids: runs to the length limit
+    assert long.finish_reason == "length" and len(long.output_ids) == 4 and long.decode_tokens == 3
+
+
+def test_hf_generate_sampling_is_seeded():
+    target = tiny_target("qwen3", seed=2)
+    a = hf_generate(target, [1, 2, 3], 8, set(), temperature=1.0, top_k=20, top_p=0.9, seed=7)
+    b = hf_generate(target, [1, 2, 3], 8, set(), temperature=1.0, top_k=20, top_p=0.9, seed=7)
+    assert a.output_ids == b.output_ids and len(a.output_ids) == 8
+
+
+# -- summaries on synthetic records ---------------------------------------------------------------------------
+def _run(decode, total=None, tokens=9, peak=110.0, stats=None):
+    return {"repeat": 0, "finish_reason": "length", "message": "", "n_output_tokens": tokens + 1, "ttft_ms": 5.0,
+            "decode_ms": decode, "total_ms": total or decode + 5.0, "decode_tokens": tokens,
+            "ms_per_token": decode / tokens, "tokens_per_s": tokens / decode * 1000, "rss_before_mb": 100.0,
+            "rss_peak_mb": peak, "load1": 1.0, "stats": stats or {}}
+
+
+def _synthetic_result():
+    def rec(runs, ident=None):
+        return {"output_ids": [1, 2, 3], "text": "", "finish_reason": "length", "repeats_agree": True, "identical": ident,
+                "first_diff": None if ident is not False else 2, "same_length": True, "runs": runs}
+
+    s = {"acceptance_lengths": [3, 1, 4], "acceptance_histogram": {"1": 1, "3": 1, "4": 1}, "draft_ms": 10.0, "verify_ms": 30.0}
+    prompts = [
+        {"index": 0, "text": "a", "n_prompt_tokens": 3, "prompt_ids": [1, 2, 3], "methods": {
+            "ar": rec([_run(100.0), _run(120.0)]),
+            "dflash": rec([_run(50.0, stats=s), _run(40.0, stats=s)], True)}},
+        {"index": 1, "text": "b", "n_prompt_tokens": 3, "prompt_ids": [1, 2, 3], "methods": {
+            "ar": rec([_run(200.0), _run(200.0)]),
+            "dflash": rec([_run(100.0, peak=150.0, stats=s), _run(80.0, stats=s)], False)}},
+    ]
+    cfg = {"methods": ["ar", "dflash"], "baseline": "ar", "greedy": True, "repeats": 2, "prompts": "x.jsonl",
+           "warmup": True, "request": {"max_new_tokens": 10, "temperature": 0.0, "seed": 0}}
+    machine = {"cpu_model": "cpu", "logical_cores": 2, "torch_threads": 1, "torch": "t", "transformers": "tf",
+               "load_average": [1.0, 1.0, 1.0]}
+    return {"command": "python -m dflash bench", "complete": True, "config": cfg, "machine": machine,
+            "models": {"name": "m", "device": "cpu", "dtype": "float32"}, "prompts": prompts}
+
+
+def test_summary_speedup_spread_identity_memory():
+    r = _synthetic_result()
+    summ = report.summarize(r)
+    sp = summ["dflash"]["speedup"]
+    # Per-prompt medians: ar 110, 200; dflash 45, 90 → 310 / 135.
+    assert sp["decode"]["speedup"] == pytest.approx(310 / 135)
+    assert sp["decode"]["min"] == pytest.approx(200 / 90) and sp["decode"]["max"] == pytest.approx(110 / 45)
+    assert sp["by_repeat"] == pytest.approx([300 / 150, 320 / 120])
+    assert (sp["repeat_min"], sp["repeat_max"]) == pytest.approx((2.0, 320 / 120))
+    assert sp["end_to_end"]["speedup"] == pytest.approx(320 / 145)
+    assert summ["ar"]["speedup"] is None and summ["ar"]["identical"] is None
+    assert summ["dflash"]["tau"] == pytest.approx(8 / 3)  # pooled over 4 runs of [3, 1, 4]
+    assert summ["dflash"]["acceptance_histogram"] == {"1": 4, "3": 4, "4": 4}
+    assert summ["dflash"]["draft_share"] == pytest.approx(0.25)
+    assert summ["dflash"]["identical"] == {"n_identical": 1, "n_compared": 2, "differing_prompts": [1]}
+    assert summ["dflash"]["rss_increase_mb"] == 50.0 and summ["dflash"]["rss_peak_mb"] == 150.0
+    assert summ["ar"]["tokens_per_s"] == pytest.approx(18 / 0.31)
+    diffs = report.differences(r["prompts"])
+    assert diffs == [{"prompt": 1, "method": "dflash", "first_diff": 2, "ar_token": 3, "method_token": 3,
+                      "same_length": True}]
+    r["summary"], r["differences"] = summ, diffs
+    md = report.markdown(r)
+    assert "| dflash | 2.30× | 2.22 / 2.33 / 2.44 | 2.00–2.67 |" in md
+    assert "prompt 1, dflash: first difference at output token 2" in md
+
+
+# -- statistics on synthetic event streams (dflash.stats, what the summaries are built from) ----------------------
+def _events(blocks: list[tuple[int, int]], t_step: float = 10.0) -> list:
+    """Events of a run whose blocks have (block_size, accepted_len); the first token at t = 100 ms."""
+    out = [ev.Started({}, [1, 2], "", True, 0, 8, False), ev.Prefill(2, 80.0),
+           ev.Commit(0, [5], [ev.BONUS], ["x"], "x", 1, [-1.0], [5], 100.0)]
+    n, t = 1, 100.0
+    for i, (b, a) in enumerate(blocks, start=1):
+        drafted = [7] * (b - 1)
+        out.append(ev.BlockSize(i, b, "fixed"))
+        out.append(ev.Verify(i, n + 1, b, drafted, ["y"] * (b - 1), drafted[:a] + [9] * (b - a), ["y"] * b,
+                             [k < a for k in range(b - 1)], a, 9, 2.0, 6.0))
+        n, t = n + a + 1, t + t_step
+        out.append(ev.Commit(i, [7] * a + [9], [ev.DRAFT] * a + [ev.CORRECTION], ["y"] * (a + 1), "", n,
+                             [0.5] * a + [-1.0], [7] * a + [9], t))
+    out.append(ev.Finished("length", [], "", {}))
+    return out
+
+
+def test_stats_on_synthetic_events():
+    s = compute_stats(_events([(4, 3), (4, 0), (4, 1), (2, 1)]))
+    assert s["acceptance_lengths"] == [4, 1, 2, 2] and s["tau"] == pytest.approx(2.25)
+    assert s["acceptance_histogram"] == {"1": 1, "2": 2, "4": 1}
+    # Position k reached by blocks drafting >= k tokens; accepted when accepted_len >= k.
+    assert s["per_position_acceptance"] == pytest.approx([3 / 4, 1 / 3, 1 / 3])
+    assert s["n_output_tokens"] == 10 and s["ttft_ms"] == 100.0 and s["decode_ms"] == pytest.approx(40.0)
+    assert s["tokens_per_s"] == pytest.approx(9 / 0.040)
+    assert s["draft_ms"] == 8.0 and s["verify_ms"] == 24.0 and s["draft_share"] == pytest.approx(0.25)
+    ar = compute_stats(_events([(1, 0)] * 9))
+    assert ar["tau"] == 1.0 and ar["per_position_acceptance"] == [] and ar["n_output_tokens"] == 10
+
+
+def test_speedup_and_spread():
+    s = speedup([100.0, 300.0], [50.0, 100.0])
+    assert s == pytest.approx({"speedup": 400 / 150, "min": 2.0, "median": 2.5, "max": 3.0})
+    assert speedup([100.0], [0.0])["speedup"] == 0.0  # a zero-time method gives no ratio, never a division error
+
+
+# -- the packed LM head (dflash.target.PackedLinear) ----------------------------------------------------------
+def test_packed_head_matches_linear():
+    torch.manual_seed(0)
+    w = torch.randn(1000, 64)
+    head = PackedLinear(w)
+    x = torch.randn(16, 64)
+    assert torch.allclose(head(x), F.linear(x, w), atol=1e-4)
+    assert torch.equal(head(x[:1]), F.linear(x[:1], w))  # one row: exactly the plain path (autoregressive steps)
+    assert torch.equal(head(x[None])[0], head(x))  # [1, T, H] like [T, H]
+    head.enabled = False
+    assert torch.equal(head(x), F.linear(x, w))
+    head.enabled = True
+    with torch.no_grad():
+        w.mul_(2.0)  # modified in place: the packed copy is rebuilt
+    assert torch.allclose(head(x), F.linear(x, w), atol=2e-4)
+    g = torch.randn(4, 64, requires_grad=True)
+    head(g).sum().backward()  # needs a gradient: plain path
+    assert g.grad is not None
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_target_forward_split_head_matches_model(arch):
+    target = tiny_target(arch, seed=4)
+    assert target._split_head
+    ids = torch.tensor([[3, 9, 27, 81, 243 % 256, 5, 6, 7]])
+    with torch.inference_mode():
+        ref = target.model(input_ids=ids).logits[0]
+        ref1 = target.model(input_ids=ids, logits_to_keep=1).logits[0]
+    logits, _ = target.forward(ids, target.new_cache(), capture=False)
+    assert torch.allclose(logits, ref, atol=1e-4)
+    last, _ = target.forward(ids, target.new_cache(), last_only=True, capture=False)
+    assert torch.equal(last, ref1)

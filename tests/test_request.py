@@ -1,0 +1,229 @@
+"""Request validation (DESIGN §4.5; reliability-anchors §4 F): every bad value raises a ValidationError that
+names the parameter and states the allowed range; boundary values are accepted; the context budget is checked
+against the loaded models before anything runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from conftest import tiny_draft, tiny_target
+from dflash.engine import Engine
+from dflash.errors import ValidationError
+from dflash.request import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_PROMPT_TOKENS, MAX_SEED, Request
+
+NAN, INF = float("nan"), float("inf")
+OK = dict(prompt_ids=(1, 2, 3))
+
+BAD = [
+    # (field, value, words the message must contain)
+    ("prompt", "", ["non-empty"]),
+    ("prompt", "   \n\t", ["non-empty"]),
+    ("prompt", None, ["non-empty"]),
+    ("prompt", 42, ["non-empty"]),
+    ("prompt", "x" * (MAX_PROMPT_CHARS + 1), [str(MAX_PROMPT_CHARS)]),
+    ("prompt_ids", (), ["non-empty"]),
+    ("prompt_ids", "1,2,3", ["sequence"]),
+    ("prompt_ids", (1, -2), ["non-negative"]),
+    ("prompt_ids", (1, 2.0), ["integer"]),
+    ("prompt_ids", (True,), ["integer"]),
+    ("prompt_ids", tuple(range(MAX_PROMPT_TOKENS + 1)), [str(MAX_PROMPT_TOKENS)]),
+    ("max_new_tokens", 0, ["[1, 4096]"]),
+    ("max_new_tokens", -1, ["[1, 4096]"]),
+    ("max_new_tokens", MAX_NEW_TOKENS + 1, ["[1, 4096]"]),
+    ("max_new_tokens", 1.5, ["integer"]),
+    ("max_new_tokens", "10", ["integer"]),
+    ("max_new_tokens", True, ["integer"]),
+    ("max_new_tokens", NAN, ["integer"]),
+    ("temperature", -0.1, ["[0.0, 2.0]"]),
+    ("temperature", 2.01, ["[0.0, 2.0]"]),
+    ("temperature", NAN, ["finite"]),
+    ("temperature", INF, ["finite"]),
+    ("temperature", -INF, ["finite"]),
+    ("temperature", "0.5", ["number"]),
+    ("top_p", 0.0, ["(0.0, 1.0]"]),
+    ("top_p", 1.01, ["(0.0, 1.0]"]),
+    ("top_p", NAN, ["finite"]),
+    ("top_p", -0.5, ["(0.0, 1.0]"]),
+    ("top_k", -1, ["[0,"]),
+    ("top_k", 2.5, ["integer"]),
+    ("top_k", NAN, ["integer"]),
+    ("seed", -1, ["[0,"]),
+    ("seed", MAX_SEED + 1, [str(MAX_SEED)]),
+    ("seed", 1.0, ["integer"]),
+    ("block_size", 0, ["[1, 64]"]),
+    ("block_size", 65, ["[1, 64]"]),
+    ("block_size", 4.0, ["integer"]),
+    ("diffusion_steps", 0, ["[1, 16]"]),
+    ("diffusion_steps", 17, ["[1, 16]"]),
+    ("diffusion_steps", NAN, ["integer"]),
+    ("confidence_threshold", 0.0, ["(0.0, 1.0]"]),
+    ("confidence_threshold", 1.5, ["(0.0, 1.0]"]),
+    ("confidence_threshold", NAN, ["finite"]),
+    ("acceptance_threshold", 0.0, ["(0.0, 1.0]"]),
+    ("acceptance_threshold", 1.0000001, ["(0.0, 1.0]"]),
+    ("acceptance_threshold", INF, ["finite"]),
+    ("adaptive", "tcp", ["fixed", "slow-start", "cost"]),
+    ("adaptive", None, ["fixed"]),
+    ("min_block_size", 0, ["[1, 64]"]),
+    ("min_block_size", 65, ["[1, 64]"]),
+    ("max_block_size", 0, ["[1, 64]"]),
+    ("max_block_size", 99, ["[1, 64]"]),
+    ("verify", "greedy", ["match", "rejection"]),
+    ("deadline_s", 0.0, ["(0.0,"]),
+    ("deadline_s", -5, ["(0.0,"]),
+    ("deadline_s", NAN, ["finite"]),
+    ("deadline_s", INF, ["finite"]),
+    ("stop_ids", (1, -1), ["non-negative"]),
+    ("stop_ids", (1.5,), ["non-negative"]),
+    ("stop_ids", 5, ["sequence"]),
+    ("use_draft", "no", ["true or false"]),
+    ("chat_template", 1, ["true or false"]),
+]
+
+
+@pytest.mark.parametrize("field,value,words", BAD, ids=[f"{f}={str(v)[:12]}" for f, v, _ in BAD])
+def test_bad_values_name_the_parameter(field, value, words):
+    kw = dict(OK)
+    if field == "prompt":
+        kw = {"prompt": value}
+    kw[field] = value
+    with pytest.raises(ValidationError) as err:
+        Request(**kw)
+    assert err.value.param == field
+    msg = str(err.value)
+    assert msg.startswith(f"{field}:")
+    for w in words:
+        assert w in msg, (msg, w)
+    assert isinstance(err.value, ValueError)
+
+
+GOOD = [
+    ("prompt", "x"),
+    ("prompt", "x" * MAX_PROMPT_CHARS),
+    ("prompt_ids", (0,)),
+    ("prompt_ids", [5, 6]),  # a list is accepted and stored as a tuple
+    ("max_new_tokens", 1),
+    ("max_new_tokens", MAX_NEW_TOKENS),
+    ("temperature", 0),
+    ("temperature", 0.0),
+    ("temperature", 2.0),
+    ("top_p", 1.0),
+    ("top_p", 1e-9),
+    ("top_k", 0),
+    ("seed", 0),
+    ("seed", MAX_SEED),
+    ("block_size", 1),
+    ("block_size", 64),
+    ("block_size", None),
+    ("diffusion_steps", 1),
+    ("diffusion_steps", 16),
+    ("confidence_threshold", 1.0),
+    ("confidence_threshold", 1e-6),
+    ("acceptance_threshold", 1.0),
+    ("acceptance_threshold", 0.01),
+    ("adaptive", "cost"),
+    ("min_block_size", 1),
+    ("max_block_size", 64),
+    ("verify", "rejection"),
+    ("deadline_s", None),
+    ("deadline_s", 86_400),
+    ("stop_ids", (0, 7)),
+    ("stop_ids", [3]),
+    ("use_draft", False),
+    ("chat_template", False),
+]
+
+
+@pytest.mark.parametrize("field,value", GOOD, ids=[f"{f}={str(v)[:12]}" for f, v in GOOD])
+def test_boundary_values_are_accepted(field, value):
+    kw = {"prompt": value} if field == "prompt" else dict(OK, **{field: value})
+    req = Request(**kw)
+    if field == "prompt_ids":
+        assert req.prompt_ids == tuple(value)
+    elif field == "stop_ids":
+        assert req.stop_ids == tuple(value)
+    elif field != "prompt":
+        assert getattr(req, field) == value
+
+
+def test_cross_field_rules():
+    with pytest.raises(ValidationError) as err:
+        Request(**OK, min_block_size=8, max_block_size=4)
+    assert err.value.param == "max_block_size" and "8" in str(err.value)
+    with pytest.raises(ValidationError) as err:
+        Request(**OK, verify="rejection", diffusion_steps=2, temperature=1.0)
+    assert err.value.param == "diffusion_steps"
+    with pytest.raises(ValidationError) as err:
+        Request(**OK, verify="rejection", acceptance_threshold=0.9, temperature=1.0)
+    assert err.value.param == "acceptance_threshold"
+    assert Request(**OK, min_block_size=4, max_block_size=4).max_block_size == 4
+
+
+def test_request_is_frozen_and_round_trips_to_dict():
+    req = Request(prompt_ids=[1, 2], stop_ids=[3], temperature=0.5, seed=9)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        req.temperature = 1.0  # type: ignore[misc]
+    d = req.to_dict()
+    assert d["prompt_ids"] == [1, 2] and d["stop_ids"] == [3]
+    assert Request(**{**d, "prompt_ids": tuple(d["prompt_ids"]), "stop_ids": tuple(d["stop_ids"])}) == req
+    assert not req.lossy and Request(**OK, acceptance_threshold=0.5).lossy
+    assert not any(isinstance(v, float) and math.isnan(v) for v in d.values())
+
+
+# --- Checks that depend on the loaded models (Engine.stream raises before any work) --------------------------
+
+
+@pytest.fixture(scope="module")
+def engine():
+    target = tiny_target("llama")  # max_position_embeddings 512, vocab 256, no tokenizer
+    return Engine(target, tiny_draft(target, block_size=16))
+
+
+def test_context_budget(engine):
+    budget = engine.target.max_positions
+    prompt = tuple(range(1, 11))
+    ok = Request(prompt_ids=prompt, max_new_tokens=budget - 10 - 16)
+    assert engine.check(ok, list(prompt)) == (16, 2, 16)
+    too_long = Request(prompt_ids=prompt, max_new_tokens=budget - 10 - 16 + 1)
+    with pytest.raises(ValidationError) as err:
+        engine.stream(too_long)
+    msg = str(err.value)
+    assert err.value.param == "max_new_tokens"
+    for number in ("10", str(budget - 25), "16", str(budget)):
+        assert number in msg
+    assert not engine._lock.locked()
+    # The no-draft baseline needs only one extra position.
+    assert engine.check(Request(prompt_ids=prompt, max_new_tokens=budget - 11, use_draft=False), list(prompt)) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("kw,param", [
+    (dict(prompt_ids=(1, 256)), "prompt_ids"),  # >= vocab size
+    (dict(prompt_ids=(1,), top_k=257), "top_k"),
+    (dict(prompt_ids=(1,), block_size=17), "block_size"),  # above the draft's trained size
+    (dict(prompt_ids=(1,), block_size=12, max_block_size=8, adaptive="slow-start"), "block_size"),
+    (dict(prompt="hello"), "prompt"),  # this tiny target has no tokenizer
+])
+def test_model_dependent_limits(engine, kw, param):
+    with pytest.raises(ValidationError) as err:
+        engine.stream(Request(**kw))
+    assert err.value.param == param
+    assert not engine._lock.locked()
+
+
+def test_model_dependent_boundaries_accepted(engine):
+    assert engine.check(Request(prompt_ids=(255,), top_k=256), [255])[0] == 16
+    assert engine.check(Request(prompt_ids=(1,), block_size=16), [1]) == (16, 2, 16)
+    assert engine.check(Request(prompt_ids=(1,), block_size=1), [1]) == (1, 1, 16)
+    assert engine.check(Request(prompt_ids=(1,), max_block_size=8), [1]) == (8, 2, 8)
+
+
+def test_no_draft_engine_refuses_use_draft():
+    target = tiny_target("llama")
+    bare = Engine(target)
+    with pytest.raises(ValidationError) as err:
+        bare.stream(Request(prompt_ids=(1, 2)))
+    assert err.value.param == "use_draft"
+    assert bare.generate(Request(prompt_ids=(1, 2), max_new_tokens=2, use_draft=False)).finish_reason == "length"

@@ -1,0 +1,129 @@
+"""Pure sampling functions (reliability-anchors §4 A): logits filters, per-position noise, Gumbel-max sampling."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from dflash.sampling import (GUMBEL_DRAFT, GUMBEL_TARGET, UNIFORM_ACCEPT, filter_logits, gumbel_noise, position_seed,
+                             sample_with_noise, target_probs, uniform_noise)
+
+NEG = float("-inf")
+
+
+def test_greedy_is_argmax_and_ignores_noise():
+    logits = torch.tensor([[0.1, 2.0, -1.0, 1.9], [3.0, 0.0, 0.0, 0.0]])
+    g = gumbel_noise(0, [5, 6], 4)
+    assert sample_with_noise(logits, 0.0, 0, 1.0, g).tolist() == [1, 0]
+    assert sample_with_noise(logits, 0.0, 0, 1.0, None).tolist() == [1, 0]
+    assert sample_with_noise(logits, 1.0, 0, 1.0, None).tolist() == [1, 0]  # no noise: argmax
+    assert target_probs(logits, 0.0).tolist() == [[0, 1, 0, 0], [1, 0, 0, 0]]
+
+
+def test_greedy_consumes_no_global_rng():
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    sample_with_noise(logits, 0.0, 0, 1.0, None)
+    target_probs(logits, 0.0)
+    gumbel_noise(1, [1, 2, 3], 50)
+    uniform_noise(1, [1, 2, 3])
+    assert torch.equal(torch.get_rng_state(), state), "noise must come from per-position generators only"
+
+
+@pytest.mark.parametrize("top_k,top_p,kept", [
+    (0, 1.0, [0, 1, 2, 3, 4]),
+    (2, 1.0, [0, 1]),
+    (5, 1.0, [0, 1, 2, 3, 4]),  # k >= V: off
+    (9, 1.0, [0, 1, 2, 3, 4]),
+    (0, 0.5, [0]),  # p(0) = 0.5 already reaches 0.5
+    (0, 0.51, [0, 1]),
+    (0, 0.79, [0, 1]),  # 0.5 + 0.3 = 0.8 reaches 0.79
+    (0, 0.81, [0, 1, 2]),
+    (0, 1e-9, [0]),  # the top-1 fallback: always at least one token
+    (3, 0.81, [0, 1]),  # top-p applies to the top-k renormalised law: [.56, .33, .11], .89 >= .81
+    (3, 0.95, [0, 1, 2]),
+    (2, 0.9, [0, 1]),  # both filters: the tighter wins
+])
+def test_filter_logits_support(top_k, top_p, kept):
+    probs = torch.tensor([0.5, 0.3, 0.1, 0.06, 0.04], dtype=torch.float64)
+    logits = probs.log().float()
+    out = filter_logits(logits, top_k, top_p)
+    assert [i for i in range(5) if out[i] > NEG] == kept
+    assert torch.equal(out[kept], logits[kept])  # kept logits untouched
+
+
+def test_filter_logits_batched_rows_independent():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0], [0.0, 1.0, 2.0, 3.0]])
+    out = filter_logits(logits, 2, 1.0)
+    assert (out > NEG).tolist() == [[True, True, False, False], [False, False, True, True]]
+
+
+def test_position_seed_depends_on_seed_position_stream():
+    base = position_seed(1, 10, GUMBEL_TARGET)
+    assert base == position_seed(1, 10, GUMBEL_TARGET)
+    others = {position_seed(2, 10, GUMBEL_TARGET), position_seed(1, 11, GUMBEL_TARGET), position_seed(1, 10, UNIFORM_ACCEPT),
+              position_seed(1, 10, GUMBEL_DRAFT)}
+    assert base not in others and len(others) == 4
+    assert all(0 <= s < 2**63 for s in others | {base, position_seed(2**63 - 1, 2**20, 2)})
+
+
+def test_gumbel_rows_depend_only_on_their_position():
+    """A row's noise is the same whether drawn alone or in a block: DFlash and target-only draw equal noise."""
+    block = gumbel_noise(7, [10, 11, 12, 13], 32)
+    alone = gumbel_noise(7, [12], 32)
+    assert torch.equal(block[2], alone[0])
+    assert torch.equal(gumbel_noise(7, [10, 11, 12, 13], 32), block)  # deterministic, 20x over
+    assert all(torch.equal(gumbel_noise(7, [11], 32)[0], block[1]) for _ in range(20))
+    assert not torch.equal(gumbel_noise(8, [12], 32)[0], alone[0])
+    assert not torch.equal(gumbel_noise(7, [12], 32, GUMBEL_DRAFT)[0], alone[0])
+    assert gumbel_noise(7, [], 32).shape == (0, 32)
+    assert torch.isfinite(block).all()
+
+
+def test_uniform_noise_in_unit_interval_and_deterministic():
+    u = uniform_noise(3, list(range(2000)))
+    assert all(0.0 <= x < 1.0 for x in u)
+    assert u == uniform_noise(3, list(range(2000)))
+    assert abs(sum(u) / len(u) - 0.5) < 0.03
+    assert u[:10] != uniform_noise(4, list(range(10)))
+
+
+def test_gumbel_max_sampling_follows_softmax():
+    """argmax(logits/T + g) over per-position noise ~ softmax(logits/T): chi-square over 20k positions."""
+    logits = torch.tensor([1.0, 0.5, 0.0, -0.5, -1.0, 2.0, 0.2, -2.0])
+    temperature = 0.7
+    n = 20_000
+    g = gumbel_noise(99, list(range(n)), 8)
+    draws = sample_with_noise(logits.expand(n, 8), temperature, 0, 1.0, g).tolist()
+    p = torch.softmax(logits / temperature, -1).tolist()
+    counts = Counter(draws)
+    stat = sum((counts.get(i, 0) - n * p[i]) ** 2 / (n * p[i]) for i in range(8))
+    assert stat < 24.3  # chi-square, 7 degrees of freedom, p = 0.001
+
+
+def test_sampled_tokens_stay_in_top_k_top_p_support():
+    gen = torch.Generator().manual_seed(0)
+    n = 5000
+    logits = torch.randn(n, 40, generator=gen) * 2
+    g = gumbel_noise(5, list(range(n)), 40)
+    for top_k, top_p in ((5, 1.0), (0, 0.7), (10, 0.5), (1, 1.0), (0, 1e-6)):
+        allowed = filter_logits(logits / 0.9, top_k, top_p) > NEG
+        draws = sample_with_noise(logits, 0.9, top_k, top_p, g)
+        assert allowed.gather(1, draws[:, None]).all(), (top_k, top_p)
+        if top_k == 1 or top_p < 1e-3:
+            assert torch.equal(draws, logits.argmax(-1))
+
+
+def test_target_probs_is_normalised_filtered_softmax():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    p = target_probs(logits, 0.5, top_k=3)
+    assert p[0, 3] == 0.0
+    assert math.isclose(float(p.sum()), 1.0, rel_tol=1e-6)
+    expected = torch.softmax(torch.tensor([2.0, 1.0, 0.0]) / 0.5, -1)
+    torch.testing.assert_close(p[0, :3], expected)
+    # Gumbel-max with the same filter draws from exactly this distribution's support.
+    assert target_probs(logits, 1.0, top_p=1e-9).tolist() == [[1.0, 0.0, 0.0, 0.0]]

@@ -1,0 +1,105 @@
+"""The CUDA loading path of dflash.target / dflash.load (issue 7): bitsandbytes options, accelerate device maps,
+and targets whose weights were placed at load time. What needs a GPU is `gpu`-marked; the rest runs on CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import tiny_draft, tiny_target
+from dflash.engine import Engine
+from dflash.errors import ModelLoadError
+from dflash.load import load_engine
+from dflash.request import Request
+from dflash.target import Target, auto_device_map, gpu_load_options, load_target_model
+
+CUDA = torch.device("cuda", 0)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tiny_target("llama", layers=6).model.save_pretrained(path)
+    return path
+
+
+def test_quantize_and_device_map_need_cuda():
+    with pytest.raises(ModelLoadError, match="needs a CUDA device"):
+        load_engine(target="unused", quantize="4bit", device="cpu")
+    with pytest.raises(ModelLoadError, match="device maps need CUDA"):
+        gpu_load_options(torch.device("cpu"), torch.float32, device_map="auto")
+    assert gpu_load_options(torch.device("cpu"), torch.float32) == {}
+
+
+def test_cuda_options(monkeypatch, tmp_path):
+    assert gpu_load_options(CUDA, torch.bfloat16) == {"dtype": torch.bfloat16}
+    assert gpu_load_options(CUDA, torch.bfloat16, device_map="auto") == {"dtype": torch.bfloat16, "device_map": "auto"}
+    with pytest.raises(ModelLoadError, match="device_map: must be 'auto'"):
+        gpu_load_options(CUDA, torch.bfloat16, device_map="balanced")
+    with pytest.raises(ModelLoadError, match="quantize: must be 4bit or 8bit"):
+        gpu_load_options(CUDA, torch.bfloat16, quantize="2bit")
+
+
+def test_quantize_options_build_bitsandbytes_configs(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    with pytest.raises(ModelLoadError, match="pip install bitsandbytes"):
+        gpu_load_options(CUDA, torch.bfloat16, quantize="4bit")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "bitsandbytes" else real(name, *a))
+    four = gpu_load_options(CUDA, torch.bfloat16, quantize="4bit")
+    assert four["device_map"] == {"": 0} and four["dtype"] is torch.bfloat16
+    q = four["quantization_config"]
+    assert q.load_in_4bit and q.bnb_4bit_quant_type == "nf4" and q.bnb_4bit_compute_dtype == torch.bfloat16
+    eight = gpu_load_options(torch.device("cuda", 1), torch.bfloat16, quantize="8bit", device_map="auto")
+    assert eight["device_map"] == "auto" and eight["quantization_config"].load_in_8bit
+
+
+def test_auto_device_map_keeps_engine_modules_on_the_first_gpu(tiny_dir):
+    size = sum(p.numel() for p in tiny_target("llama", layers=6).model.parameters()) * 4
+    assert auto_device_map(str(tiny_dir), torch.float32, max_memory={0: size * 2, "cpu": size * 4}) == {"": 0}
+    dmap = auto_device_map(str(tiny_dir), torch.float32, max_memory={0: int(size * 0.4), 1: int(size * 0.4), 2: size})
+    layers = {dmap[f"model.layers.{i}"] for i in range(6)}
+    assert len(layers) > 1  # really split
+    for name in ("model.embed_tokens", "model.norm", "lm_head"):
+        assert dmap[name] == 0
+
+
+def test_target_keeps_a_model_placed_at_load_time(tiny_dir, tmp_path):
+    """A model dispatched by accelerate (here: one decoder layer offloaded to disk, loaded by hooks at each forward)
+    is neither moved nor cast; the draft's features come through the hooks, and decoding is unchanged."""
+    dmap = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.norm": "cpu", "lm_head": "cpu",
+            **{f"model.layers.{i}": ("disk" if i == 3 else "cpu") for i in range(6)}}
+    placed, _ = load_target_model(str(tiny_dir), dtype=torch.float32, device_map=dmap, offload_folder=str(tmp_path))
+    assert placed.hf_device_map["model.layers.3"] == "disk"
+    target = Target(placed, None, dtype=torch.float32)
+    assert target.device == torch.device("cpu") and target.model is placed
+    plain = Target(load_target_model(str(tiny_dir))[0], None)
+    req = Request(prompt_ids=(4, 8, 15, 16), max_new_tokens=12)
+    a = Engine(target, tiny_draft(target, block_size=4)).generate(req).output_ids
+    b = Engine(plain, tiny_draft(plain, block_size=4)).generate(req).output_ids
+    assert a == b and len(a) == 12
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_device_map_auto_on_cuda_is_lossless(tiny_dir):
+    placed, _ = load_target_model(str(tiny_dir), **gpu_load_options(CUDA, torch.float32, device_map="auto"))
+    target = Target(placed, None, device=CUDA, dtype=torch.float32)
+    assert target.device.type == "cuda"
+    engine = Engine(target, tiny_draft(target, block_size=8))
+    fast = engine.generate(Request(prompt_ids=(1, 2, 3), max_new_tokens=32)).output_ids
+    assert fast == engine.generate(Request(prompt_ids=(1, 2, 3), max_new_tokens=32, use_draft=False)).output_ids
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("quantize", ["4bit", "8bit"])
+def test_quantized_target_runs_on_cuda(tiny_dir, quantize):
+    pytest.importorskip("bitsandbytes")
+    placed, _ = load_target_model(str(tiny_dir), **gpu_load_options(CUDA, torch.bfloat16, quantize=quantize))
+    target = Target(placed, None, device=CUDA, dtype=torch.bfloat16)
+    engine = Engine(target, tiny_draft(target, block_size=8))
+    res = engine.generate(Request(prompt_ids=(1, 2, 3), max_new_tokens=24))
+    assert res.finish_reason == "length" and len(res.output_ids) == 24

@@ -1,0 +1,116 @@
+"""ui/plots.py on event streams recorded from real engine runs: figure data equals what the events say, axes stay
+fixed while a run grows, every series has a non-colour encoding, and every figure is valid plotly."""
+
+from __future__ import annotations
+
+import json
+
+import plotly.graph_objects as go
+import pytest
+
+from dflash import events as ev
+from tests.ui_support import recorded_runs
+from ui import plots
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return recorded_runs()
+
+
+def verifies(events):
+    return [e for e in events if isinstance(e, ev.Verify)]
+
+
+def valid(fig: go.Figure) -> go.Figure:
+    """Re-build with plotly's validation on (the app skips it for speed)."""
+    return go.Figure(json.loads(fig.to_json()))
+
+
+def test_block_length_curve_follows_the_controller(runs):
+    events = runs["mixed"]
+    fig = valid(plots.block_length_figure(events))
+    size, committed = fig.data
+    vs = verifies(events)
+    assert list(size.x) == [v.block for v in vs] and list(size.y) == [v.block_size for v in vs]
+    assert size.line.shape == "hv" and list(committed.y) == [v.accepted_len + 1 for v in vs]
+    assert committed.marker.symbol == "diamond"  # second encoding besides colour
+    # Slow-start changed the size: each change is annotated with the controller's reason.
+    reasons = {e.block: e.reason for e in events if isinstance(e, ev.BlockSize)}
+    notes = [a.text for a in fig.layout.annotations if a.showarrow]
+    changes = [v for prev, v in zip(vs, vs[1:]) if v.block_size != prev.block_size]
+    assert len(notes) == min(len(changes), 12) > 0
+    assert notes[0] == plots._short(reasons[changes[0].block])
+    assert list(size.hovertext) == [reasons[v.block] for v in vs]
+    assert fig.layout.shapes[0].y0 == 8  # max block size line
+
+
+def test_axes_grow_in_chunks_so_redraws_dont_jump(runs):
+    events = runs["mixed"]
+    idx = [i for i, e in enumerate(events) if isinstance(e, ev.Commit)]
+    ranges = {tuple(plots.block_length_figure(events[: i + 1]).layout.xaxis.range) for i in idx[:15]}
+    assert ranges == {(0.5, 20.5)}
+    yr = {tuple(plots.block_length_figure(events[: i + 1]).layout.yaxis.range) for i in idx}
+    assert len(yr) == 1
+
+
+def test_histogram_is_the_engine_histogram_normalised_with_tau_marked(runs):
+    events = runs["mixed"]
+    s = events[-1].stats
+    fig = valid(plots.acceptance_histogram_figure(events))
+    bar = fig.data[0]
+    assert list(bar.x) == list(range(1, 9))
+    total = sum(s["acceptance_histogram"].values())
+    assert list(bar.y) == pytest.approx([s["acceptance_histogram"].get(str(k), 0) / total for k in range(1, 9)])
+    assert sum(bar.y) == pytest.approx(1.0) and bar.marker.pattern.shape == "/"
+    assert fig.layout.shapes[0].x0 == pytest.approx(s["tau"])
+    assert f"τ = {s['tau']:.2f}" in [a.text for a in fig.layout.annotations]
+
+
+def test_per_position_acceptance_is_conditional_on_reaching_the_position(runs):
+    events = runs["mixed"]
+    fig = valid(plots.per_position_figure(events))
+    bars, line = fig.data
+    vs = [v for v in verifies(events) if v.draft_tokens]
+    for k, y in zip(bars.x, bars.y):
+        reached = [v for v in vs if len(v.draft_tokens) >= k and v.accepted_len >= k - 1]
+        if reached:
+            assert y == pytest.approx(sum(v.accepted_len >= k for v in reached) / len(reached))
+        else:
+            assert y is None
+    # The unconditional line equals the engine's per-position statistic.
+    per_pos = events[-1].stats["per_position_acceptance"]
+    assert list(line.y)[: len(per_pos)] == pytest.approx(per_pos)
+    assert line.line.dash == "dash" and bars.marker.pattern.shape == "x"
+
+
+def test_no_draft_runs_say_so_in_the_position_chart(runs):
+    fig = plots.per_position_figure(runs["baseline"])
+    assert any("no draft" in a.text for a in fig.layout.annotations)
+
+
+def test_throughput_against_the_baseline(runs):
+    fig = valid(plots.throughput_figure(runs["mixed"], runs["baseline"]))
+    run, base = fig.data
+    assert run.y[-1] == 40 and base.y[-1] == 40
+    assert run.line.dash == "solid" and base.line.dash == "dash"
+    commits = [e for e in runs["mixed"] if isinstance(e, ev.Commit)]
+    assert list(run.x)[1:] == pytest.approx([c.t_ms / 1000 for c in commits], abs=1e-4)
+    sp = runs["mixed"][-1].stats["tokens_per_s"] / runs["baseline"][-1].stats["tokens_per_s"]
+    assert f"speedup {sp:.2f}×" in [a.text for a in fig.layout.annotations]
+    assert fig.layout.xaxis.range[1] >= max(run.x[-1], base.x[-1])
+    assert len(plots.throughput_figure(runs["mixed"]).data) == 1
+
+
+def test_empty_figures_explain_themselves_and_stay_small(runs):
+    for name, fig in plots.all_figures([]).items():
+        assert fig.layout.annotations, name
+        valid(fig)
+    for name, fig in plots.all_figures(runs["mixed"], runs["baseline"]).items():
+        valid(fig)
+        assert len(fig.to_json()) < 12_000, name  # no default template shipped on every redraw
+        assert fig.layout.xaxis.autorange is False and fig.layout.yaxis.autorange is False
+
+
+def test_nice_axis_maxima():
+    assert [plots._nice(x) for x in (0, 0.3, 1, 1.1, 2.5, 7, 40, 120)] == [1.0, 0.5, 1.0, 2.0, 5.0, 10.0, 50.0, 200.0]

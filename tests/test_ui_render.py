@@ -1,0 +1,271 @@
+"""ui/render.py and ui/replay.py on event streams recorded from real engine runs (tests/ui_support.py) and on
+the bundled traces: token markup, inspector grid, statistics, comparison, trace files, frames and CSV."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import re
+
+import pytest
+
+from dflash import events as ev
+from dflash.events import event_to_dict
+from dflash.stats import compute_stats
+from tests.ui_support import recorded_runs
+from ui import render
+from ui.replay import (Trace, TraceError, bundled_traces, dumps_trace, events_at, frame_label, frames, load_trace_file,
+                       metrics_csv, metrics_rows, parse_trace)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return recorded_runs()
+
+
+def classes(html: str) -> list[str]:
+    return re.findall(r'<span class="tok tok-([a-z]+)[^"]*" title=', html)
+
+
+def commits(events):
+    return [e for e in events if isinstance(e, ev.Commit)]
+
+
+def verifies(events):
+    return [e for e in events if isinstance(e, ev.Verify)]
+
+
+# -- token stream ------------------------------------------------------------------------------------------------
+def test_every_committed_token_gets_one_span_with_its_kind(runs):
+    events = runs["mixed"]
+    spans = render.token_spans(events, show_rejected=False)
+    kinds = [("first" if c.block == 0 else k) for c in commits(events) for k in c.kinds]
+    assert [re.search(r"tok-([a-z]+)", s).group(1) for s in spans] == kinds
+    assert len(spans) == events[-1].stats["n_output_tokens"] == 40
+    assert {"draft", "correction", "bonus", "first"} <= set(kinds)  # the recording exercises every kind
+
+
+def test_rejected_draft_tokens_are_shown_struck_through_before_each_correction(runs):
+    events = runs["mixed"]
+    html = render.token_stream_html(events, show_rejected=True)
+    seq = classes(html.split('class="dfl-stream"', 1)[1])
+    expected_rejected = sum(len(v.draft_tokens) - v.accepted_len for v in verifies(events) if v.accepted_len < len(v.draft_tokens))
+    assert seq.count("rejected") == expected_rejected > 0
+    for i, c in enumerate(seq):  # a run of rejected tokens always ends at a correction
+        if c == "rejected" and (i + 1 == len(seq) or seq[i + 1] != "rejected"):
+            assert seq[i + 1] == "correction"
+    assert "tok-rejected" not in render.token_stream_html(events, show_rejected=False).split('class="dfl-stream"', 1)[1]
+
+
+def test_token_markup_snapshot(runs):
+    """The first block of the mixed recording, exactly: prefill token, three accepted drafts, the bonus token."""
+    spans = render.token_spans(runs["mixed"], show_rejected=True)
+    c1 = commits(runs["mixed"])[1]
+    assert c1.kinds == ["draft", "draft", "draft", "bonus"]
+    assert spans[1] == ('<span class="tok tok-draft" title="block 1 · output token 1 · draft position 1 · accepted draft '
+                        f'token · draft confidence 1.00 · target&#x27;s choice “{c1.texts[0]}” ✓">{render.show_text(c1.texts[0])}</span>')
+    assert spans[4] == ('<span class="tok tok-bonus" title="block 1 · output token 4 · bonus token: all 3 drafted tokens '
+                        f'accepted, the target adds “{c1.texts[3]}”">{render.show_text(c1.texts[3])}</span>')
+    assert spans[0].startswith('<span class="tok tok-first" title="block 0 · output token 0 · the target&#x27;s first token')
+
+
+def test_hover_text_names_block_position_confidence_and_target_choice(runs):
+    events = runs["mixed"]
+    v = next(v for v in verifies(events) if v.accepted_len < len(v.draft_tokens))
+    html = render.token_stream_html(events)
+    assert f"block {v.block} · draft position {v.accepted_len + 1} · rejected draft token" in html
+    corr = next(s for s in render.token_spans(events, False) if f"block {v.block} · output token" in s and "tok-correction" in s)
+    assert f"target chose “{render.attr(v.target_texts[v.accepted_len])}”" in corr
+
+
+def test_no_draft_runs_are_labelled_as_target_tokens(runs):
+    html = render.token_stream_html(runs["baseline"])
+    body = html.split('class="dfl-stream"', 1)[1]
+    assert set(classes(body)) == {"first", "target"}
+    assert "no draft: plain autoregressive decoding" in html  # legend explains it
+
+
+def test_lossy_acceptances_are_marked(runs):
+    events = runs["lossy"]
+    relaxed = sum(sum(v.relaxed) for v in verifies(events))
+    assert relaxed == events[-1].stats["drift_tokens"] >= 1
+    html = render.token_stream_html(events)
+    assert html.count("tok-relaxed") == relaxed
+    assert html.count("accepted by the LOSSY threshold") == relaxed
+
+
+def test_token_text_is_escaped_and_whitespace_made_visible(runs):
+    c = commits(runs["mixed"])[1]
+    evil = dataclasses.replace(c, texts=['<script>alert("x")</script>', "a\nb", "\x07", ""])
+    events = [runs["mixed"][0], evil]
+    html = render.token_stream_html(events)
+    assert "<script>" not in html and "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in html
+    assert "a↵\nb" in html and "␇" in html and "∅" in html
+    assert render.show_text("x\ty") == "x⇥\ty"
+
+
+def test_placeholder_and_finish_line():
+    assert "Press Generate" in render.token_stream_html([])
+    assert render.finish_words(None) == ""
+
+
+def test_finish_reason_is_stated(runs):
+    assert "Finished (length): reached max new tokens." in render.token_stream_html(runs["mixed"])
+
+
+# -- block inspector ---------------------------------------------------------------------------------------------
+def test_inspector_grid_rows_are_denoising_steps_then_the_verdict(runs):
+    events = runs["denoise"]
+    blocks = render.group_blocks(events)
+    info = blocks[1]
+    grid = render.inspector_grid(info)
+    assert len(grid) == len(info.steps) + 1 and len(info.steps) >= 2
+    n = info.verify.block_size
+    # Each drafted position is committed at exactly one step and stays MASK before it.
+    for pos in range(1, n):
+        kinds = [row[pos]["kind"] for row in grid[:-1]]
+        assert kinds.count("new") == 1
+        first = kinds.index("new")
+        assert set(kinds[:first]) <= {"mask"} and set(kinds[first + 1:]) <= {"old"}
+    assert grid[0][0]["kind"] == "anchor" and any(c["kind"] == "mask" for c in grid[0])
+    verdict = [c["kind"] for c in grid[-1][1:]]
+    a = info.verify.accepted_len
+    assert verdict[:a] == ["ok"] * a
+    if a < n - 1:
+        assert verdict[a] == "bad" and grid[-1][a + 1]["text"] == info.verify.target_texts[a]
+        assert set(verdict[a + 1:]) <= {"skip"}
+
+
+def test_inspector_html_shows_masks_commits_and_the_first_rejection(runs):
+    events = runs["denoise"]
+    html = render.inspector_html(events, block=1)
+    assert "Block 1:" in html and 'class="cell-mask"' in html and 'class="cell-new"' in html
+    assert html.count("<tr class=\"row-step\">") == len(render.group_blocks(events)[1].steps)
+    v = render.group_blocks(events)[1].verify
+    if v.accepted_len < len(v.draft_tokens):
+        assert 'class="v-bad"' in html and "✗" in html
+    # No block chosen (or one that doesn't exist): the latest.
+    last = max(render.group_blocks(events))
+    assert f"Block {last}:" in render.inspector_html(events) and f"Block {last}:" in render.inspector_html(events, block=999)
+
+
+def test_inspector_verdict_row_matches_verify_events(runs):
+    for v in verifies(runs["mixed"]):
+        html = render.inspector_html(runs["mixed"], block=v.block)
+        verdict = html.split('class="row-verify"', 1)[1].split("</tr>", 1)[0]
+        assert verdict.count('class="v-ok"') == v.accepted_len
+        assert verdict.count('class="v-bad"') == (1 if v.accepted_len < len(v.draft_tokens) else 0)
+        if v.accepted_len == len(v.draft_tokens):
+            assert "(bonus)" in html
+    assert "no draft — the target decodes one token" in render.inspector_html(runs["baseline"], block=3)
+
+
+def test_block_summary_sentences(runs):
+    blocks = render.group_blocks(runs["mixed"])
+    full = next(b for b in blocks.values() if b.verify and b.verify.accepted_len == len(b.verify.draft_tokens))
+    part = next(b for b in blocks.values() if b.verify and b.verify.accepted_len < len(b.verify.draft_tokens))
+    assert f"all {len(full.verify.draft_tokens)} drafted tokens accepted, +1 bonus token" in render.block_summary(full)
+    assert f"rejected at position {part.verify.accepted_len + 1}" in render.block_summary(part)
+
+
+# -- statistics and comparison -----------------------------------------------------------------------------------
+def test_stats_panel_carries_the_engine_statistics(runs):
+    events = runs["mixed"]
+    s = compute_stats(events)
+    html = render.stats_html(events)
+    assert f'data-tau="{s["tau"]:.4f}"' in html and f'data-n-out="{s["n_output_tokens"]}"' in html
+    assert f">{s['tau']:.2f}<" in html and "time to first token" in html and "draft / verify time" in html
+    assert "LOSSY" not in html
+    assert "LOSSY" in render.stats_html(runs["lossy"])
+    # Mid-run (no Finished yet) the panel computes the same numbers from the events so far.
+    part = events[: len(events) // 2]
+    assert f'data-tau="{compute_stats(part)["tau"]:.4f}"' in render.stats_html(part)
+
+
+def test_comparison_with_the_baseline(runs):
+    comp = render.comparison(runs["mixed"], runs["baseline"])
+    assert comp["identical"] and comp["first_diff"] is None and comp["n_compared"] == 40
+    assert comp["speedup"] == pytest.approx(runs["mixed"][-1].stats["tokens_per_s"] / runs["baseline"][-1].stats["tokens_per_s"])
+    html = render.stats_html(runs["mixed"], comp)
+    assert "✓ identical" in html and "speedup" in html
+    lossy = render.comparison(runs["lossy"], runs["baseline"])
+    a, b = runs["lossy"][-1].output_ids, runs["baseline"][-1].output_ids
+    first = next(i for i in range(min(len(a), len(b))) if a[i] != b[i])
+    assert not lossy["identical"] and lossy["first_diff"] == first
+    assert f"differs from the target's own output at token {first}" in render.stats_html(runs["lossy"], lossy).replace("&#x27;", "'")
+
+
+# -- traces and replay -------------------------------------------------------------------------------------------
+def test_trace_round_trip_and_cli_jsonl(runs):
+    t = Trace(runs["mixed"], {"title": "mixed"}, runs["baseline"])
+    back = parse_trace(dumps_trace(t))
+    assert back.events == runs["mixed"] and back.baseline == runs["baseline"] and back.meta == {"title": "mixed"}
+    jsonl = "\n".join(json.dumps(event_to_dict(e)) for e in runs["denoise"])  # `generate --trace` format
+    assert parse_trace(jsonl).events == runs["denoise"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "empty"),
+    ("{not json", "line 1 is not valid JSON"),
+    ('{"format": "dflash-trace", "version": 9, "events": []}', "version 9 is not supported"),
+    ('{"format": "dflash-trace", "version": 1, "events": [{"type": "Hack"}]}', "not a DFlash event"),
+    ('{"format": "dflash-trace", "version": 1, "events": [{"type": "Prefill", "n_prompt_tokens": 1, "ms": 1}]}', "first event must be Started"),
+    ('{"format": "dflash-trace", "version": 1, "events": [{"type": "Prefill", "bogus": 1}]}', "missing or unknown fields"),
+    ('[1, 2]', "not a DFlash trace"),
+])
+def test_bad_traces_give_clear_errors(text, message):
+    with pytest.raises(TraceError, match=re.escape(message)):
+        parse_trace(text)
+
+
+def test_frames_step_through_draft_steps_and_commits(runs):
+    events = runs["denoise"]
+    idx = frames(events)
+    n_steps = sum(isinstance(e, ev.DraftStep) for e in events)
+    assert len(idx) == 1 + n_steps + len(commits(events)) + 1
+    assert events_at(events, len(idx) - 1) == events and events_at(events, 999) == events
+    assert events_at(events, 0) == events[:1]
+    assert "the request starts" in frame_label(events, 0)
+    first_step = next(i for i, k in enumerate(idx) if isinstance(events[k], ev.DraftStep))
+    assert "DRAFT — denoising step 1 of 3" in frame_label(events, first_step)
+    first_verify = next(i for i, k in enumerate(idx) if isinstance(events[k], ev.Commit) and events[k].block == 1)
+    assert "block 1, VERIFY → ACCEPT" in frame_label(events, first_verify)
+    # Rendering any prefix works (replay draws every panel from events_at).
+    for f in range(len(idx)):
+        part = events_at(events, f)
+        render.token_stream_html(part), render.inspector_html(part), render.stats_html(part)
+
+
+def test_metrics_csv_has_one_row_per_commit(runs):
+    events = runs["mixed"]
+    rows = list(csv.DictReader(io.StringIO(metrics_csv(events))))
+    assert len(rows) == len(commits(events))
+    assert [int(r["accepted"]) for r in rows[1:]] == [v.accepted_len for v in verifies(events)]
+    assert rows[-1]["n_out"] == "40" and rows[0]["controller"] == "prefill"
+    assert metrics_rows(events)[1]["controller"].startswith("start at")
+
+
+def test_csv_cells_cannot_start_formulas():
+    from ui.replay import history_csv
+
+    out = history_csv([{"a": "=cmd()", "b": "+1", "c": "ok"}], ["a", "b", "c"])
+    assert out.splitlines()[1] == "'=cmd(),'+1,ok"
+
+
+def test_bundled_traces_replay_without_a_model():
+    traces = bundled_traces()
+    assert 2 <= len(traces) <= 4
+    for label, path in traces.items():
+        t = load_trace_file(path)
+        assert isinstance(t.events[0], ev.Started) and isinstance(t.events[-1], ev.Finished)
+        assert t.meta["title"] == label and t.meta.get("hardware")
+        assert t.events[-1].stats == compute_stats(t.events[:-1])  # stats recomputable from the events
+        assert t.events[-1].stats["n_output_tokens"] > 0
+        html = render.token_stream_html(t.events)
+        assert html.count('class="tok tok-') - html.count("<li>") >= t.events[-1].stats["n_output_tokens"]
+        if t.baseline:
+            comp = render.comparison(t.events, t.baseline)
+            lossy = t.events[0].lossy
+            assert comp["identical"] or lossy  # lossless runs match the target's own output

@@ -1,0 +1,159 @@
+"""Pure verification rules (reliability-anchors §4 A; DESIGN §4.3): match (greedy / sampled), relaxed, rejection."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dflash.sampling import filter_logits, gumbel_noise
+from dflash.verify import match_verify, rejection_verify
+
+V = 10
+
+
+def onehot_logits(tokens: list[int], vocab: int = V) -> torch.Tensor:
+    """+100 at the intended token, -100 elsewhere (vLLM's hand-built logits)."""
+    logits = torch.full((len(tokens), vocab), -100.0)
+    logits[torch.arange(len(tokens)), torch.tensor(tokens)] = 100.0
+    return logits
+
+
+@pytest.mark.parametrize("draft,target,accepted", [
+    ([1, 2, 3], [1, 2, 3, 4], 3),  # perfect match: bonus = target[3]
+    ([1, 2, 3], [5, 2, 3, 4], 0),  # first mismatch
+    ([1, 2, 3], [1, 5, 3, 4], 1),  # middle mismatch: later matches do not count
+    ([1, 2, 3], [1, 2, 5, 4], 2),
+    ([7], [7, 8], 1),
+    ([7], [6, 8], 0),
+    ([], [9], 0),  # nothing drafted (block of 1): the target's own token only
+])
+def test_greedy_accept_length_table(draft, target, accepted):
+    res = match_verify(torch.tensor(draft, dtype=torch.long), onehot_logits(target))
+    assert res.accepted_len == accepted
+    assert res.next_token == target[accepted]
+    assert res.target_tokens == target
+    assert res.relaxed == [False] * accepted
+
+
+@pytest.mark.parametrize("bad", [-1, V, V + 5])
+def test_out_of_vocab_draft_raises(bad):
+    with pytest.raises(ValueError):
+        match_verify(torch.tensor([1, bad]), onehot_logits([1, 2, 3]))
+    with pytest.raises(ValueError):
+        rejection_verify(torch.tensor([bad]), torch.full((1, V), 1 / V), torch.full((2, V), 1 / V), [0.5], torch.zeros(2, V))
+
+
+def test_sampled_match_is_gumbel_max_of_filtered_target():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, V, generator=gen)
+    g = gumbel_noise(3, [20, 21, 22, 23, 24], V)
+    own = (filter_logits(logits / 0.7, 4, 0.9) + g).argmax(-1).tolist()
+    res = match_verify(torch.tensor(own[:4]), logits, 0.7, 4, 0.9, g)
+    assert res.accepted_len == 4 and res.next_token == own[4] and res.target_tokens == own
+    wrong = [own[0], (own[1] + 1) % V, own[2], own[3]]
+    res = match_verify(torch.tensor(wrong), logits, 0.7, 4, 0.9, g)
+    assert res.accepted_len == 1 and res.next_token == own[1]
+
+
+def test_match_result_does_not_depend_on_the_draft_beyond_acceptance():
+    """Lossless whatever the draft: the emitted tokens are the target's own choices, only their count varies."""
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(6, V, generator=gen)
+    g = gumbel_noise(9, list(range(6)), V)
+    own = match_verify(torch.empty(0, dtype=torch.long), logits, 1.0, 0, 1.0, g).target_tokens
+    for _ in range(30):
+        draft = torch.randint(0, V, (5,), generator=gen)
+        res = match_verify(draft, logits, 1.0, 0, 1.0, g)
+        emitted = draft[: res.accepted_len].tolist() + [res.next_token]
+        assert emitted == own[: res.accepted_len + 1]
+
+
+def test_relaxed_threshold_greedy():
+    # Row 0: p = [.5, .3, .2, 0...]; the draft's token 1 has p/pmax = 0.6.
+    probs = torch.tensor([[0.5, 0.3, 0.2] + [1e-9] * (V - 3), [0.1, 0.1, 0.8] + [1e-9] * (V - 3)])
+    logits = probs.log()
+    draft = torch.tensor([1])
+    exact = match_verify(draft, logits, acceptance_threshold=1.0)
+    assert exact.accepted_len == 0 and exact.next_token == 0 and exact.relaxed == []
+    loose = match_verify(draft, logits, acceptance_threshold=0.55)
+    assert loose.accepted_len == 1 and loose.next_token == 2 and loose.relaxed == [True]
+    assert match_verify(draft, logits, acceptance_threshold=0.65).accepted_len == 0
+    # An exact match is never flagged as relaxed.
+    assert match_verify(torch.tensor([0]), logits, acceptance_threshold=0.1).relaxed == [False]
+    # Relaxation stops at the first token below the threshold.
+    res = match_verify(torch.tensor([1, 0]), torch.cat([logits, logits[:1]]), acceptance_threshold=0.3)
+    assert res.accepted_len == 1 and res.next_token == 2 and res.relaxed == [True]
+
+
+def test_relaxed_threshold_under_sampling_uses_tempered_filtered_law():
+    probs = torch.tensor([[0.5, 0.3, 0.2] + [0.0] * (V - 3), [0.1, 0.1, 0.8] + [0.0] * (V - 3)])
+    logits = probs.clamp_min(1e-12).log()
+    g = torch.zeros(2, V)  # no noise: the target's sample is the argmax
+    t = 2.0  # tempered: p ∝ p^(1/2) → ratio of token 1 to token 0 = sqrt(0.6) ≈ 0.775
+    assert match_verify(torch.tensor([1]), logits, t, 0, 1.0, g, acceptance_threshold=0.75).accepted_len == 1
+    assert match_verify(torch.tensor([1]), logits, t, 0, 1.0, g, acceptance_threshold=0.8).accepted_len == 0
+    # Outside the top-k support the ratio is 0: never accepted.
+    assert match_verify(torch.tensor([2]), logits, t, 2, 1.0, g, acceptance_threshold=0.01).accepted_len == 0
+
+
+def test_threshold_one_is_exact_greedy():
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(50):
+        logits = torch.randn(4, V, generator=gen)
+        draft = torch.randint(0, V, (3,), generator=gen)
+        assert match_verify(draft, logits, acceptance_threshold=1.0) == match_verify(draft, logits)
+
+
+def test_rejection_handcrafted_accept_and_resample():
+    """transformers' test_speculative_sampling shape: accept 1, accept 4, reject 5 and resample 8."""
+    p = torch.zeros(4, V)
+    p[0, 1] = p[1, 4] = p[3, 0] = 1.0
+    p[2, 5], p[2, 8] = 0.2, 0.8  # the target gives the draft's 5 only 0.2
+    q = torch.zeros(3, V)
+    q[0, 1] = q[1, 4] = q[2, 5] = 1.0
+    g = torch.zeros(4, V)
+    res = rejection_verify(torch.tensor([1, 4, 5]), q, p, [0.0, 0.0, 0.5], g)  # 0.5 * 1.0 >= 0.2: reject
+    assert (res.accepted_len, res.next_token) == (2, 8)  # residual max(0, p - q) is all on 8
+    res = rejection_verify(torch.tensor([1, 4, 5]), q, p, [0.0, 0.0, 0.1], g)  # 0.1 < 0.2: accept
+    assert (res.accepted_len, res.next_token) == (3, 0)  # bonus from the last row
+    assert res.relaxed == [False] * 3
+
+
+def test_rejection_accept_probability_is_min_one_p_over_q():
+    p = torch.zeros(2, V)
+    p[0, 3], p[0, 4] = 0.3, 0.7
+    p[1, 0] = 1.0
+    q = torch.zeros(1, V)
+    q[0, 3], q[0, 4] = 0.6, 0.4
+    g = torch.zeros(2, V)
+    # token 3: p/q = 0.5 → accepted iff u < 0.5
+    assert rejection_verify(torch.tensor([3]), q, p, [0.49], g).accepted_len == 1
+    assert rejection_verify(torch.tensor([3]), q, p, [0.51], g).accepted_len == 0
+    # token 4: p/q > 1 → always accepted
+    assert rejection_verify(torch.tensor([4]), q, p, [0.999], g).accepted_len == 1
+    # on rejection of 3 the residual max(0, p - q) has mass only on 4
+    assert rejection_verify(torch.tensor([3]), q, p, [0.9], g).next_token == 4
+
+
+def test_rejection_draft_equals_target_never_rejects_and_no_nan():
+    gen = torch.Generator().manual_seed(2)
+    p = torch.softmax(torch.randn(4, V, generator=gen), -1)
+    for trial in range(100):
+        u = torch.rand(3, generator=gen).tolist()
+        x = torch.multinomial(p[:3], 1, generator=gen)[:, 0]
+        g = gumbel_noise(trial, [0, 1, 2, 3], V)
+        res = rejection_verify(x, p[:3].clone(), p, u, g)
+        assert res.accepted_len == 3 and 0 <= res.next_token < V
+        assert not math.isnan(float(p.sum()))
+
+
+def test_rejection_with_identical_rows_falls_back_to_p():
+    """If p == q exactly at the rejected position (measure zero), the draw still comes from p, never NaN."""
+    p = torch.zeros(2, V)
+    p[0, 2], p[0, 7] = 0.5, 0.5
+    p[1, 1] = 1.0
+    q = p[:1].clone()
+    res = rejection_verify(torch.tensor([2]), q, p, [1.0], torch.zeros(2, V))  # u = 1 forces a rejection
+    assert res.accepted_len == 0 and res.next_token in (2, 7)

@@ -1,0 +1,420 @@
+"""The playground's behaviour, independent of the page layout: run a request and render its events as they
+arrive, stop, compare with the no-draft baseline, replay traces, keep the run history and write exports.
+
+Handlers return dicts keyed by view names (see `VIEW_KEYS`); ui/layout.py maps them onto components, with
+`gr.skip()` for the keys a yield leaves out. Every picture comes from ui/render.py and ui/plots.py applied to
+the engine's events — the same functions replay a saved trace.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import gradio as gr
+import torch
+
+from dflash import events as ev
+from dflash.engine import Engine
+from dflash.errors import BusyError, DFlashError, ValidationError
+from dflash.request import Request
+from ui import plots, render
+from ui.engines import EngineProvider
+from ui.replay import (Trace, TraceError, bundled_traces, dumps_trace, events_at, frame_label, frames, history_csv,
+                       load_trace_file, metrics_csv)
+
+USER_ERRORS = (DFlashError, TraceError)  # messages written for users; shown as they are
+
+VIEW_KEYS = ("tokens", "inspector", "block_length", "histogram", "positions", "throughput", "stats", "status")
+
+HISTORY_COLUMNS = ["run", "source", "preset", "draft", "block", "steps", "conf thr", "accept thr", "adaptive",
+                   "temperature", "top_p", "max new", "seed", "tokens", "τ", "tok/s", "TTFT ms", "draft share",
+                   "finish", "baseline tok/s", "speedup", "identical"]
+
+CONTROL_KEYS = ("prompt", "preset", "block_size", "steps", "confidence", "acceptance", "adaptive", "min_block",
+                "max_block", "temperature", "top_p", "max_new_tokens", "seed", "show_rejected", "step_mode")
+
+
+@dataclass(frozen=True)
+class Settings:
+    deadline_s: float = 120.0  # per request (generation or baseline)
+    max_new_tokens: int = 512  # the playground's cap (the engine allows more)
+    refresh_s: float = 0.08  # at most this often: token stream, inspector, stats
+    plot_refresh_s: float = 0.5  # at most this often, and only at block ends: the plotly charts
+    play_delay_s: float = 0.3  # replay animation, per frame
+    export_max_age_s: float = 3600.0
+
+
+def defaults(block_size: int = 16) -> dict[str, Any]:
+    """Reset-to-defaults values: the paper's setting (one pass, exact verification, greedy)."""
+    return {"prompt": "", "preset": "default", "block_size": block_size, "steps": 1, "confidence": 0.9, "acceptance": 1.0,
+            "adaptive": "fixed", "min_block": 2, "max_block": block_size, "temperature": 0.0, "top_p": 1.0,
+            "max_new_tokens": 64, "seed": 0, "show_rejected": True, "step_mode": False}
+
+
+def _whole(value: Any) -> Any:
+    """Sliders send floats: 16.0 → 16. Anything else goes to Request unchanged, which names the parameter."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return value
+
+
+def to_events(dicts: list[dict] | None) -> list:
+    return [ev.event_from_dict(d) for d in dicts or []]
+
+
+def trace_from_state(state: dict | None) -> Trace | None:
+    if not state:
+        return None
+    return Trace(to_events(state["events"]), dict(state.get("meta") or {}),
+                 to_events(state["baseline"]) if state.get("baseline") else None)
+
+
+def trace_state(trace: Trace, **extra: Any) -> dict:
+    d = {"events": [ev.event_to_dict(e) for e in trace.events], "meta": dict(trace.meta),
+         "baseline": [ev.event_to_dict(e) for e in trace.baseline] if trace.baseline else None}
+    d.update(extra)
+    return d
+
+
+def hardware(engine: Engine) -> str:
+    t = engine.target
+    dev = t.device
+    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    return f"{t.name or 'model'} · {where} · {str(t.dtype).removeprefix('torch.')}"
+
+
+def view(events: list, show_rejected: bool = True, block: int | None = None, baseline: list | None = None,
+         compare: dict | None = None, hw: str = "", charts: bool = True) -> dict[str, Any]:
+    out = {"tokens": render.token_stream_html(events, show_rejected), "inspector": render.inspector_html(events, block),
+           "stats": render.stats_html(events, compare, hw)}
+    if charts:
+        figs = plots.all_figures(events, baseline)
+        out.update(block_length=figs["block_length"], histogram=figs["histogram"], positions=figs["positions"],
+                   throughput=figs["throughput"])
+    return out
+
+
+def live_status(events: list, what: str = "Generating") -> str:
+    commits = [e for e in events if isinstance(e, ev.Commit)]
+    if not commits:
+        return f"⏳ {what}: reading the prompt…"
+    blocks = [e for e in events if isinstance(e, ev.Verify)]
+    return f"⏳ {what}: {commits[-1].n_out} tokens, {len(blocks)} verify steps…"
+
+
+def final_status(events: list) -> str:
+    fin = render.finished(events)
+    s = render.run_stats(events)
+    return (f"**{render.finish_words(fin)}** {s['n_output_tokens']} tokens in {s['total_ms'] / 1000:.1f} s · "
+            f"τ {s['tau']:.2f} · {s['tokens_per_s']:.1f} tok/s")
+
+
+class Playground:
+    """Session-independent state: engines, the per-session Stop events, the export directory."""
+
+    def __init__(self, engines: EngineProvider, settings: Settings | None = None, export_root: str | None = None):
+        self.engines = engines
+        self.settings = settings or Settings()
+        self._cancels: dict[str, threading.Event] = {}
+        self._cancels_lock = threading.Lock()
+        root = Path(export_root or Path(tempfile.gettempdir()) / "gradio") / "dflash-exports"
+        root.mkdir(parents=True, exist_ok=True)
+        self.export_root = root
+        self._run_counter = 0
+        self._counter_lock = threading.Lock()
+
+    # -- cancel ------------------------------------------------------------------------------------------------
+    def _new_cancel(self, session: str) -> threading.Event:
+        cancel = threading.Event()
+        with self._cancels_lock:
+            old = self._cancels.get(session)
+            if old is not None:
+                old.set()  # a session runs one thing at a time: a new start stops its previous one
+            self._cancels[session] = cancel
+        return cancel
+
+    def _drop_cancel(self, session: str, cancel: threading.Event) -> None:
+        with self._cancels_lock:
+            if self._cancels.get(session) is cancel:
+                del self._cancels[session]
+
+    def stop(self, session: str) -> str:
+        with self._cancels_lock:
+            cancel = self._cancels.get(session)
+        if cancel is None:
+            return "Nothing is running."
+        cancel.set()
+        return "⏹ Stopping after the current step…"
+
+    # -- requests ----------------------------------------------------------------------------------------------
+    def make_request(self, values: dict[str, Any], engine: Engine) -> Request:
+        """UI values → a validated Request (ValidationError names the parameter and its range)."""
+        cap = self.settings.max_new_tokens
+        n = _whole(values.get("max_new_tokens"))
+        if isinstance(n, int) and not isinstance(n, bool) and not 1 <= n <= cap:
+            raise ValidationError("max_new_tokens", f"must be in [1, {cap}] in the playground, got {n}")
+        prompt = values.get("prompt")
+        if prompt is not None and not isinstance(prompt, str):
+            raise ValidationError("prompt", "must be text")
+        return Request(prompt=prompt or "", max_new_tokens=n, temperature=values.get("temperature"),
+                       top_p=values.get("top_p"), seed=_whole(values.get("seed")), use_draft=engine.drafter is not None,
+                       block_size=_whole(values.get("block_size")), diffusion_steps=_whole(values.get("steps")),
+                       confidence_threshold=values.get("confidence"), acceptance_threshold=values.get("acceptance"),
+                       adaptive=values.get("adaptive"), min_block_size=_whole(values.get("min_block")),
+                       max_block_size=_whole(values.get("max_block")), deadline_s=self.settings.deadline_s)
+
+    def _engine(self, preset: Any) -> Engine:
+        if not isinstance(preset, str):
+            raise ValidationError("preset", "must be a preset name")
+        return self.engines.get(preset)
+
+    def _stream(self, engine: Engine, request: Request, cancel: threading.Event):
+        try:
+            return engine.stream(request, cancel, blocking=False)
+        except BusyError:  # only when something outside the queue uses the engine; wait for it
+            return engine.stream(request, cancel)
+
+    # -- generate ----------------------------------------------------------------------------------------------
+    def generate(self, values: dict[str, Any], history: list | None, session: str) -> Iterator[dict[str, Any]]:
+        preset = values.get("preset")
+        engine = self._engine(preset)
+        request = self.make_request(values, engine)
+        show_rejected, step_mode = bool(values.get("show_rejected", True)), bool(values.get("step_mode"))
+        cancel = self._new_cancel(session)
+        try:
+            stream = self._stream(engine, request, cancel)
+        except BaseException:
+            self._drop_cancel(session, cancel)
+            raise
+        hw = hardware(engine)
+        s = self.settings
+        try:
+            # Take the Started event before the first yield: the engine releases its lock in a `finally` that
+            # only runs once its generator has started, so a close() before that would leave it locked.
+            events: list = [next(stream)]
+            yield {"status": live_status(events), **view(events, show_rejected, hw=hw), "replay_label": ""}
+            last = last_plot = 0.0
+            for e in stream:
+                events.append(e)
+                if isinstance(e, ev.Finished) or not isinstance(e, (ev.DraftStep, ev.Commit)):
+                    continue
+                now = time.monotonic()
+                if now - last < s.refresh_s:
+                    continue
+                last = now
+                out: dict[str, Any] = {"status": live_status(events, "Recording (step mode)" if step_mode else "Generating")}
+                if not step_mode:
+                    block_end = isinstance(e, ev.Commit)
+                    charts = block_end and now - last_plot >= s.plot_refresh_s
+                    last_plot = now if charts else last_plot
+                    out.update(view(events, show_rejected, hw=hw, charts=charts))
+                yield out
+        finally:
+            stream.close()  # frees the engine at once if this generator is closed early
+            self._drop_cancel(session, cancel)
+        run_id = self._next_run()
+        meta = {"title": f"Run {run_id}: {request.prompt[:60]}", "model": engine.name, "hardware": hw,
+                "recorded": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "source": "run"}
+        trace = Trace(events, meta)
+        history = list(history or []) + [history_row(run_id, "run", preset, events)]
+        idx = frames(events)
+        frame = 0 if step_mode else len(idx) - 1
+        shown = events_at(events, frame)
+        status = final_status(events) + (" · Step mode: press **Next ▶** (Replay tab) to walk through it." if step_mode else "")
+        yield {**view(shown, show_rejected, hw=hw), "status": status,
+               "trace": trace_state(trace, source="run", preset=preset, run_id=run_id, hardware=hw),
+               "history": history, "history_table": history_table(history),
+               "replay": gr.update(maximum=max(len(idx) - 1, 1), value=frame), "replay_label": frame_label(events, frame),
+               "inspect_block": gr.update(maximum=max(_n_blocks(events), 1), value=0),
+               **self.exports(trace, history, run_id)}
+
+    def _next_run(self) -> int:
+        with self._counter_lock:
+            self._run_counter += 1
+            return self._run_counter
+
+    # -- compare -----------------------------------------------------------------------------------------------
+    def compare(self, state: dict | None, history: list | None, show_rejected: bool, session: str) -> Iterator[dict[str, Any]]:
+        trace = trace_from_state(state)
+        if trace is None or state.get("source") != "run":
+            raise ValidationError("compare", "needs a run from this session: press Generate first (a loaded trace has no live model)")
+        st = render.started(trace.events)
+        fin = render.finished(trace.events)
+        if st is None or fin is None:
+            raise ValidationError("compare", "the run has not finished yet")
+        engine = self._engine(state.get("preset"))
+        # Same request, no draft, and just as many tokens as the run produced (a fair, shorter comparison).
+        req = dict(st.request)
+        req.update(use_draft=False, max_new_tokens=max(1, len(fin.output_ids)), deadline_s=self.settings.deadline_s)
+        request = Request(**req)
+        cancel = self._new_cancel(session)
+        try:
+            stream = self._stream(engine, request, cancel)
+        except BaseException:
+            self._drop_cancel(session, cancel)
+            raise
+        base: list = []
+        last = 0.0
+        try:
+            base.append(next(stream))  # start the engine's generator at once (see generate)
+            for e in stream:
+                base.append(e)
+                now = time.monotonic()
+                if isinstance(e, ev.Commit) and now - last >= self.settings.plot_refresh_s:
+                    last = now
+                    yield {"status": live_status(base, "Running the autoregressive baseline"),
+                           "throughput": plots.throughput_figure(trace.events, base)}
+        finally:
+            stream.close()
+            self._drop_cancel(session, cancel)
+        bfin = render.finished(base)
+        if bfin is None or bfin.reason in ("cancelled", "timeout", "error"):
+            yield {"status": f"Baseline {bfin.reason if bfin else 'stopped'}: {render.finish_words(bfin)} Nothing compared."}
+            return
+        comp = render.comparison(trace.events, base)
+        trace.baseline = base
+        run_id = state.get("run_id", 0)
+        history = [dict(r) for r in history or []]
+        for r in history:
+            if r.get("run") == run_id and r.get("source") == "run":
+                r.update({"baseline tok/s": round(comp["baseline_tokens_per_s"], 2), "speedup": round(comp["speedup"], 2),
+                          "identical": "✓" if comp["identical"] else f"✗ at {comp['first_diff']}"})
+        same = "identical ✓" if comp["identical"] else f"different ✗ (first difference at token {comp['first_diff']})"
+        yield {"stats": render.stats_html(trace.events, comp, state.get("hardware", "")),
+               "throughput": plots.throughput_figure(trace.events, base),
+               "status": f"**Compared with autoregressive:** baseline {comp['baseline_tokens_per_s']:.1f} tok/s, "
+                         f"speedup {comp['speedup']:.2f}×, outputs {same}.",
+               "trace": trace_state(trace, **{k: v for k, v in state.items() if k not in ("events", "meta", "baseline")}, compare=comp),
+               "history": history, "history_table": history_table(history), **self.exports(trace, history, run_id)}
+
+    # -- replay ------------------------------------------------------------------------------------------------
+    def load_bundled(self, label: Any, show_rejected: bool) -> dict[str, Any]:
+        traces = bundled_traces()
+        if label not in traces:  # only names from the list: a user value never becomes a path
+            raise ValidationError("trace", f"choose one of the bundled traces: {', '.join(traces) or 'none installed'}")
+        return self._loaded(load_trace_file(traces[label]), "bundled", show_rejected)
+
+    def load_upload(self, path: str | None, show_rejected: bool) -> dict[str, Any]:
+        if not path:
+            raise ValidationError("trace", "upload a trace JSON file first")
+        return self._loaded(load_trace_file(path), "upload", show_rejected)
+
+    def _loaded(self, trace: Trace, source: str, show_rejected: bool) -> dict[str, Any]:
+        idx = frames(trace.events)
+        comp = render.comparison(trace.events, trace.baseline) if trace.baseline else None
+        hw = str(trace.meta.get("hardware", ""))
+        title = str(trace.meta.get("title", "trace"))
+        note = str(trace.meta.get("note", ""))
+        return {**view(trace.events, show_rejected, baseline=trace.baseline, compare=comp, hw=hw),
+                "status": f"**Loaded {source} trace:** {title}" + (f" — {note}" if note else ""),
+                "trace": trace_state(trace, source=source, compare=comp, hardware=hw),
+                "replay": gr.update(maximum=max(len(idx) - 1, 1), value=len(idx) - 1),
+                "replay_label": frame_label(trace.events, len(idx) - 1),
+                "inspect_block": gr.update(maximum=max(_n_blocks(trace.events), 1), value=0)}
+
+    def show_frame(self, state: dict | None, frame: Any, block: Any, show_rejected: bool, charts: bool = True) -> dict[str, Any]:
+        trace = trace_from_state(state)
+        if trace is None:
+            return {"replay_label": "Nothing to replay yet: generate a run or load a trace."}
+        frame = _frame_index(frame, trace.events)
+        shown = events_at(trace.events, frame)
+        done = render.finished(shown) is not None
+        baseline = trace.baseline if done else None
+        return {**view(shown, show_rejected, _block(block), baseline, state.get("compare") if done else None,
+                       state.get("hardware", ""), charts=charts),
+                "replay_label": frame_label(trace.events, frame)}
+
+    def step(self, state: dict | None, frame: Any, delta: int, block: Any, show_rejected: bool) -> dict[str, Any]:
+        trace = trace_from_state(state)
+        if trace is None:
+            return {"replay_label": "Nothing to replay yet: generate a run or load a trace."}
+        new = max(0, min(_frame_index(frame, trace.events) + delta, len(frames(trace.events)) - 1))
+        return {**self.show_frame(state, new, block, show_rejected), "replay": new}
+
+    def play(self, state: dict | None, frame: Any, block: Any, show_rejected: bool, session: str) -> Iterator[dict[str, Any]]:
+        trace = trace_from_state(state)
+        if trace is None:
+            yield {"replay_label": "Nothing to replay yet: generate a run or load a trace."}
+            return
+        n = len(frames(trace.events))
+        start = _frame_index(frame, trace.events)
+        start = 0 if start >= n - 1 else start
+        cancel = self._new_cancel(session)
+        try:
+            for f in range(start, n):
+                if cancel.is_set():
+                    break
+                e = trace.events[frames(trace.events)[f]]
+                charts = isinstance(e, (ev.Commit, ev.Finished, ev.Started))
+                yield {**self.show_frame(state, f, block, show_rejected, charts=charts), "replay": f}
+                time.sleep(self.settings.play_delay_s)
+        finally:
+            self._drop_cancel(session, cancel)
+
+    # -- exports -----------------------------------------------------------------------------------------------
+    def exports(self, trace: Trace, history: list, run_id: int) -> dict[str, Any]:
+        """Write the trace JSON, the per-block metrics CSV and the history CSV into a fresh temporary directory.
+        File names are fixed patterns with numbers only — no user text reaches a path."""
+        self._prune_exports()
+        d = Path(tempfile.mkdtemp(prefix="run-", dir=self.export_root))
+        trace_path = d / f"dflash-run{int(run_id)}-trace.json"
+        metrics_path = d / f"dflash-run{int(run_id)}-metrics.csv"
+        history_path = d / "dflash-history.csv"
+        trace_path.write_text(dumps_trace(trace), encoding="utf-8")
+        metrics_path.write_text(metrics_csv(trace.events), encoding="utf-8")
+        history_path.write_text(history_csv(history, HISTORY_COLUMNS), encoding="utf-8")
+        return {"export_trace": str(trace_path), "export_metrics": str(metrics_path), "export_history": str(history_path)}
+
+    def _prune_exports(self) -> None:
+        cutoff = time.time() - self.settings.export_max_age_s
+        for d in self.export_root.glob("run-*"):
+            try:
+                if d.stat().st_mtime < cutoff:
+                    shutil.rmtree(d, ignore_errors=True)
+            except OSError:
+                pass
+
+
+def _n_blocks(events: list) -> int:
+    return max((e.block for e in events if isinstance(e, ev.Commit)), default=0)
+
+
+def _block(value: Any) -> int | None:
+    v = _whole(value)
+    return v if isinstance(v, int) and v > 0 else None
+
+
+def _frame_index(value: Any, events: list) -> int:
+    v = _whole(value)
+    n = len(frames(events))
+    if not isinstance(v, int):
+        return n - 1
+    return max(0, min(v, n - 1))
+
+
+def history_row(run_id: int, source: str, preset: Any, events: list) -> dict[str, Any]:
+    st = render.started(events)
+    r = st.request if st else {}
+    s = render.run_stats(events)
+    fin = render.finished(events)
+    has_draft = bool(st and st.has_draft)
+    return {"run": run_id, "source": source, "preset": str(preset), "draft": "yes" if has_draft else "no",
+            "block": (r.get("block_size") or (st.trained_block_size if st else "")) if has_draft else 1,
+            "steps": r.get("diffusion_steps", ""), "conf thr": r.get("confidence_threshold", ""),
+            "accept thr": r.get("acceptance_threshold", ""), "adaptive": r.get("adaptive", ""),
+            "temperature": r.get("temperature", ""), "top_p": r.get("top_p", ""), "max new": r.get("max_new_tokens", ""),
+            "seed": r.get("seed", ""), "tokens": s["n_output_tokens"], "τ": round(s["tau"], 2),
+            "tok/s": round(s["tokens_per_s"], 2), "TTFT ms": round(s["ttft_ms"]), "draft share": round(s["draft_share"], 2),
+            "finish": fin.reason if fin else "", "baseline tok/s": "", "speedup": "", "identical": ""}
+
+
+def history_table(history: list) -> list[list[Any]]:
+    return [[r.get(c, "") for c in HISTORY_COLUMNS] for r in history]

@@ -1,0 +1,73 @@
+"""The playground's words: control explanations, example prompts, the workshop guide and the notes on numbers."""
+
+from __future__ import annotations
+
+INTRO = """# ⚡ DFlash playground
+A small **draft** model proposes a whole block of next tokens at once (block diffusion); the **target** model
+checks the block in one forward pass, keeps the longest correct prefix and adds one token of its own.
+With the acceptance threshold at 1.0 the answer is exactly the target's own answer — just fewer target steps."""
+
+EXAMPLES = [
+    ("Prose", "Write a short opening paragraph for a story about a lighthouse keeper who finds a message in a bottle."),
+    ("Code", "Write a Python function is_palindrome(s) that ignores case and spaces, with a docstring."),
+    ("Maths", "What is 17 multiplied by 24? Work it out step by step."),
+]
+
+INFO = {
+    "prompt": "Your message to the model (its chat template is applied). At most 32,000 characters.",
+    "preset": "Model pair from the registry. The large presets need a GPU and access to the Hugging Face hub.",
+    "block_size": "Tokens per verify step: the last committed token + (block size − 1) drafted ones. At most the draft's trained size.",
+    "steps": "Denoising passes per block (our extension). 1 = the paper's single pass; more passes unmask the most confident positions first.",
+    "confidence": "With steps > 1: commit every position at least this confident at each pass (at least one per pass).",
+    "acceptance": "1.0 = exact: keep a draft token only if it is the target's own choice (lossless). Below 1.0 = LOSSY: accept tokens within this fraction of the target's top probability.",
+    "adaptive": "How the next block size is chosen: fixed; slow-start (grow ×2 after a fully accepted block, halve after an early rejection); cost (maximise expected tokens per second).",
+    "min_block": "Smallest block an adaptive policy may choose.",
+    "max_block": "Largest block an adaptive policy may choose (and the cap for the block size).",
+    "temperature": "0 = greedy (deterministic). Above 0 the target samples with per-position seeded noise, so DFlash and the baseline still match.",
+    "top_p": "Nucleus sampling: keep the smallest set of tokens whose probability adds up to this (used when temperature > 0).",
+    "max_new_tokens": "Upper limit on the answer's length in tokens.",
+    "seed": "Seed of the sampling noise (same seed → same tokens).",
+    "show_rejected": "Also show the draft tokens the target rejected, struck through, before each correction.",
+    "step_mode": "Record the run without animating, then step through it one draft/verify step at a time with Next ▶.",
+}
+
+NO_DRAFT_NOTICE = ("**No trained draft is installed yet** (`assets/draft-smollm2-135m/` is missing), so this playground runs "
+                   "the target **alone** — plain autoregressive decoding, one token per step, τ = 1. The draft controls are "
+                   "ignored until the trained draft is added; the bundled traces below still show DFlash blocks.")
+
+GUIDE = """### A five-minute tour (for workshops)
+Pick an example prompt, press **Generate**, then follow one block through the four stages:
+
+1. **Draft** — the *block inspector* shows the draft's block: the first cell is the last committed token (the
+   anchor), the rest start as **MASK**. Each row is one denoising pass; shading is the draft's confidence and the
+   outlined cells are the positions fixed at that pass.
+2. **Verify** — the inspector's last row is the target's verdict from **one** forward pass over the whole block:
+   ✓ where the draft guessed the target's own token, ✗ at the first miss (with the target's token).
+3. **Accept** — in the *token stream*, the accepted draft tokens appear with a solid underline, followed by one
+   token from the target itself: a **correction** (double underline) at the miss, or a **bonus** (dashed
+   underline) when the whole block was right. Hover a token to see its block, position and confidence.
+4. **Adapt** — the *block length* chart shows the size drafted at each step and how many tokens were committed;
+   with an adaptive policy the controller's decisions are written on the curve.
+
+Then press **Compare with autoregressive** to run the same request with no draft and see the speedup and that the
+answers are identical. No compute in the room? Load a **bundled trace** in *Replay* and use **Next ▶** to walk
+through a recorded run step by step.
+"""
+
+NUMBERS = """### What the numbers mean
+- **τ (acceptance length)** — tokens committed per target verify step, *including* the target's own bonus or
+  correction token (as in the paper). τ = 1 means the draft never helped; the best possible is the block size.
+- **tokens / s** — output tokens after the first, divided by the time after the first token.
+- **time to first token** — reading the prompt (prefill) plus picking the first token.
+- **draft / verify time** — where the decode time went: the draft's passes vs the target's block forwards.
+- **speedup** — this run's tokens/s divided by the **same engine without a draft** on the same prompt and
+  settings (one token per target step). On a small CPU model a block verify costs more than a single step,
+  so speedups here are smaller than on a GPU.
+- **identical ✓** — with the acceptance threshold at 1.0 the output must equal the baseline's token for token;
+  a lossy threshold may change it, and the first differing position is shown.
+- **Histogram** — how often a step committed 1, 2, … tokens; **per-position chart** — how often the draft's
+  k-th token was right given that all earlier ones were.
+"""
+
+REPLAY_HELP = ("Replay a finished run (yours, a bundled trace, or a trace JSON you exported) without any model. "
+               "Drag the slider or use ◀ / ▶ to move one draft or verify step at a time; ▶▶ plays it.")
