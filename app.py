@@ -2,7 +2,8 @@
 The same file runs on Hugging Face Spaces (which sets GRADIO_SERVER_NAME=0.0.0.0).
 
 Loads the default preset (SmolLM2-135M-Instruct + our DFlash draft); until the trained draft is in
-assets/draft-smollm2-135m/ it serves the target alone and says so on the page.
+assets/draft-smollm2-135m/ it serves the target alone and says so on the page. DFLASH_THREADS sets torch's
+CPU threads (on a small machine shared with other jobs, 1 is often much faster than 2).
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home (off
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if os.environ.get("DFLASH_THREADS"):
+        import torch
+
+        torch.set_num_threads(int(os.environ["DFLASH_THREADS"]))
     from ui import build_demo, launch_kwargs
     from ui.engines import EngineProvider
 

@@ -25,6 +25,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", help="cpu, cuda, cuda:1 … (default: cuda when available)")
     g.add_argument("--threads", type=int, help="torch CPU threads")
     g.add_argument("--quantize", choices=["4bit", "8bit"], help="load the target with bitsandbytes (CUDA only)")
+    g.add_argument("--device-map", choices=["auto"], help="split a target larger than one GPU with accelerate (CUDA only)")
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -59,7 +60,7 @@ def engine_from_args(args: argparse.Namespace):
     from dflash.load import load_engine
 
     return load_engine(args.preset, args.target, args.draft, args.no_draft, args.dtype, args.device, args.threads,
-                       quantize=args.quantize)
+                       quantize=args.quantize, device_map=getattr(args, "device_map", None))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._triton_common import argmax_update, pick_block_r, keep_threshold, order_key, pick_block_v, scaled_tile
+from kernels._triton_common import argmax_update, keep_threshold, order_key, pick_block_r, pick_block_v, scaled_tile
 
 
 @triton.jit
@@ -71,8 +71,8 @@ def match_verify_batched(draft_tokens: torch.Tensor, target_logits: torch.Tensor
                          num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """draft_tokens [B, n] long; target_logits [B, n+1, V] (any float dtype); gumbel [B, n+1, V] or None.
 
-    Returns (accepted_len [B], next_token [B], target_tokens [B, n+1], relaxed [B, n] bool), on the logits'
-    device. Token ids are assumed valid (the dispatcher checks them).
+    Returns (accepted_len [B], next_token [B], target_tokens [B, n+1], relaxed [B, n] bool, False past
+    accepted_len), on the logits' device. Token ids are assumed valid (the dispatcher checks them).
     """
     bsz, rows, vocab = target_logits.shape
     n = rows - 1
@@ -100,4 +100,5 @@ def match_verify_batched(draft_tokens: torch.Tensor, target_logits: torch.Tensor
     acc = accepted.long()
     choice = choice.long()
     nxt = choice.gather(1, acc[:, None]).squeeze(1)
-    return acc, nxt, choice, relaxed[:, :n].bool()
+    inside = torch.arange(n, device=dev)[None, :] < acc[:, None]  # relaxed flags only count inside the accepted prefix
+    return acc, nxt, choice, relaxed[:, :n].bool() & inside

@@ -57,7 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, default=48, help="max new tokens per trace")
     p.add_argument("--out", default=str(TRACES_DIR))
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (1 is much faster than 2 on a 2-core machine shared with other jobs)")
     args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     prompts = dict(EXAMPLES)

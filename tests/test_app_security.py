@@ -135,4 +135,4 @@ def test_prompt_text_never_reaches_html_unescaped(app):
     values = dict(zip(CONTROL_KEYS, [defaults(8)[k] for k in CONTROL_KEYS]))
     values.update(prompt='<img src=x onerror="alert(1)">' + PROMPT, max_new_tokens=3)
     final = list(pg.generate(values, [], "s"))[-1]
-    assert "<img" not in final["tokens"] and "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in final["tokens"]
+    assert "<img" not in final["legend"] and "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in final["legend"]

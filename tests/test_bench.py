@@ -196,6 +196,22 @@ def test_compare_common_length():
     assert compare([1, 2, 3], [1, 5, 3]) == {"identical": False, "first_diff": 1, "same_length": True}
 
 
+def test_profile_tool_measures_the_tiny_target(bench_dir, capsys):
+    from dflash.bench.profile import main as profile_main
+
+    d, _ = bench_dir
+    assert profile_main(["forward", "--target", str(d / "target"), "--dtypes", "float32", "--tokens", "1,4", "--reps", "1",
+                         "--threads", "1", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["result"]
+    assert {(r["tokens"], r["head"]) for r in rows} == {(1, "mkl"), (4, "onednn-packed"), (4, "mkl")}
+    assert all(r["median_ms"] > 0 for r in rows)
+    assert profile_main(["gemm", "--target", str(d / "target"), "--rows", "1,2", "--reps", "1", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["result"]
+    assert {(r["rows"], r["kernel"]) for r in rows} == {(1, "mkl"), (1, "onednn-packed"), (2, "mkl"), (2, "onednn-packed"),
+                                                        (2, "per-row")}
+    assert all(r["n_matrices"] == 4 * 7 for r in rows)  # 4 layers × (q, k, v, o, gate, up, down)
+
+
 # -- transformers baselines ---------------------------------------------------------------------------------
 def test_hf_generate_matches_engine_and_times_are_consistent():
     target = tiny_target("llama", seed=3)

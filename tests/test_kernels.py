@@ -198,6 +198,12 @@ def test_match_kernel_ties_and_bf16_interpreted():
     g = gumbel(1, 3, 150, gen=gen)
     assert_same(reference.match_verify_batched(draft[:1, :2], logits[:1, :3], 1.0, 5, 1.0, g),
                 match_verify_batched(draft[:1, :2], logits[:1, :3], 1.0, 5, 1.0, g, block_v=256))
+    # Relaxed flags count only inside the accepted prefix: row 0 rejects outright, row 1 would be relaxed.
+    logits = torch.zeros(1, 3, 40)
+    logits[0, :, 0], logits[0, 0, 5], logits[0, 1, 6] = 2.0, -9.0, 1.9
+    relaxed_case = (torch.tensor([[5, 6]]), logits)
+    assert_same(reference.match_verify_batched(*relaxed_case, acceptance_threshold=0.5),
+                match_verify_batched(*relaxed_case, acceptance_threshold=0.5))
     draft, logits, g = match_case(2, 4, 130, 0.8, seed=9, dtype=torch.bfloat16)
     assert_same(reference.match_verify_batched(draft, logits, 0.8, 0, 1.0, g),
                 match_verify_batched(draft, logits, 0.8, 0, 1.0, g, block_v=64))

@@ -49,14 +49,13 @@ def test_every_committed_token_gets_one_span_with_its_kind(runs):
 
 def test_rejected_draft_tokens_are_shown_struck_through_before_each_correction(runs):
     events = runs["mixed"]
-    html = render.token_stream_html(events, show_rejected=True)
-    seq = classes(html.split('class="dfl-stream"', 1)[1])
+    seq = classes(render.token_stream_html(events, show_rejected=True))
     expected_rejected = sum(len(v.draft_tokens) - v.accepted_len for v in verifies(events) if v.accepted_len < len(v.draft_tokens))
     assert seq.count("rejected") == expected_rejected > 0
     for i, c in enumerate(seq):  # a run of rejected tokens always ends at a correction
         if c == "rejected" and (i + 1 == len(seq) or seq[i + 1] != "rejected"):
             assert seq[i + 1] == "correction"
-    assert "tok-rejected" not in render.token_stream_html(events, show_rejected=False).split('class="dfl-stream"', 1)[1]
+    assert "tok-rejected" not in render.token_stream_html(events, show_rejected=False)
 
 
 def test_token_markup_snapshot(runs):
@@ -81,10 +80,9 @@ def test_hover_text_names_block_position_confidence_and_target_choice(runs):
 
 
 def test_no_draft_runs_are_labelled_as_target_tokens(runs):
-    html = render.token_stream_html(runs["baseline"])
-    body = html.split('class="dfl-stream"', 1)[1]
-    assert set(classes(body)) == {"first", "target"}
-    assert "no draft: plain autoregressive decoding" in html  # legend explains it
+    assert set(classes(render.token_stream_html(runs["baseline"]))) == {"first", "target"}
+    legend = render.token_header_html(runs["baseline"])
+    assert "no draft: plain autoregressive decoding" in legend and "accepted draft token" not in legend
 
 
 def test_lossy_acceptances_are_marked(runs):
@@ -104,6 +102,11 @@ def test_token_text_is_escaped_and_whitespace_made_visible(runs):
     assert "<script>" not in html and "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in html
     assert "a↵\nb" in html and "␇" in html and "∅" in html
     assert render.show_text("x\ty") == "x⇥\ty"
+    # Rejected tokens and grid cells show a newline without breaking the line.
+    assert render.show_text("a\nb", breaks=False) == "a↵b"
+    v = next(v for v in verifies(runs["mixed"]) if v.accepted_len < len(v.draft_tokens))
+    nl = dataclasses.replace(v, draft_texts=["\n"] * len(v.draft_texts))
+    assert all("\n" not in span for span in render._rejected_spans(nl))
 
 
 def test_placeholder_and_finish_line():
@@ -111,8 +114,25 @@ def test_placeholder_and_finish_line():
     assert render.finish_words(None) == ""
 
 
-def test_finish_reason_is_stated(runs):
-    assert "Finished (length): reached max new tokens." in render.token_stream_html(runs["mixed"])
+def test_legend_prompt_and_finish_reason(runs):
+    head = render.token_header_html(runs["mixed"], show_rejected=True)
+    for kind in ("draft", "correction", "bonus", "rejected", "first"):
+        label, cue = render.TOKEN_STYLES[kind]
+        assert f'<span class="tok tok-{kind}">abc</span> {render.attr(label)} <span class="cue">({cue})</span>' in head
+    assert "tok-rejected" not in render.token_header_html(runs["mixed"], show_rejected=False)
+    assert "<b>Prompt:</b> Once upon a time" in head
+    assert render.finish_words(runs["mixed"][-1]) == "Finished (length): reached max new tokens."
+
+
+def test_the_stream_only_grows_while_a_run_goes_on(runs):
+    """Each value extends the previous one, so Gradio sends only the appended part."""
+    events = runs["mixed"]
+    prev = ""
+    for i, e in enumerate(events):
+        if isinstance(e, ev.Commit):
+            html = render.token_stream_html(events[: i + 1])
+            assert html.startswith(prev)
+            prev = html
 
 
 # -- block inspector ---------------------------------------------------------------------------------------------
@@ -264,7 +284,7 @@ def test_bundled_traces_replay_without_a_model():
         assert t.events[-1].stats == compute_stats(t.events[:-1])  # stats recomputable from the events
         assert t.events[-1].stats["n_output_tokens"] > 0
         html = render.token_stream_html(t.events)
-        assert html.count('class="tok tok-') - html.count("<li>") >= t.events[-1].stats["n_output_tokens"]
+        assert len(re.findall(r'class="tok tok-(?!rejected)', html)) == t.events[-1].stats["n_output_tokens"]
         if t.baseline:
             comp = render.comparison(t.events, t.baseline)
             lossy = t.events[0].lossy

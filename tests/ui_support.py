@@ -93,3 +93,23 @@ def recorded_runs() -> dict[str, list]:
     denoise = engine.generate(Request(prompt=PROMPT, max_new_tokens=16, block_size=8, diffusion_steps=3, confidence_threshold=1.0))
     lossy = engine.generate(Request(prompt=PROMPT, max_new_tokens=30, block_size=4, acceptance_threshold=0.05))
     return {"mixed": mixed.events, "baseline": base.events, "denoise": denoise.events, "lossy": lossy.events}
+
+
+class PacedTarget(Target):
+    """A real target whose every forward pass also waits `delay_s`: the tiny model is too fast to press Stop
+    in the middle of a run from a browser on a busy machine. Outputs are unchanged."""
+
+    delay_s = 0.05
+
+    def forward(self, ids, cache, last_only=False, capture=True):
+        import time
+
+        time.sleep(self.delay_s)
+        return super().forward(ids, cache, last_only=last_only, capture=capture)
+
+
+def paced_text_engine(block_size: int = 8, delay_s: float = 0.05) -> Engine:
+    engine = tiny_text_engine(block_size)
+    target = PacedTarget(engine.target.model, engine.target.tokenizer, name="tiny-paced")
+    target.delay_s = delay_s
+    return Engine(target, engine.draft, name="tiny-paced")

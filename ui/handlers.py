@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import shutil
 import tempfile
 import threading
 import time
@@ -27,16 +26,12 @@ from dflash.errors import BusyError, DFlashError, ValidationError
 from dflash.request import Request
 from ui import plots, render
 from ui.engines import EngineProvider
-from ui.replay import (Trace, TraceError, bundled_traces, dumps_trace, events_at, frame_label, frames, history_csv,
-                       load_trace_file, metrics_csv)
+from ui.exports import history_row, history_table, write_exports
+from ui.replay import Trace, TraceError, bundled_traces, events_at, frame_label, frames, load_trace_file
 
 USER_ERRORS = (DFlashError, TraceError)  # messages written for users; shown as they are
 
-VIEW_KEYS = ("tokens", "inspector", "block_length", "histogram", "positions", "throughput", "stats", "status")
-
-HISTORY_COLUMNS = ["run", "source", "preset", "draft", "block", "steps", "conf thr", "accept thr", "adaptive",
-                   "temperature", "top_p", "max new", "seed", "tokens", "τ", "tok/s", "TTFT ms", "draft share",
-                   "finish", "baseline tok/s", "speedup", "identical"]
+VIEW_KEYS = ("legend", "tokens", "inspector", "block_length", "histogram", "positions", "throughput", "stats", "status")
 
 CONTROL_KEYS = ("prompt", "preset", "block_size", "steps", "confidence", "acceptance", "adaptive", "min_block",
                 "max_block", "temperature", "top_p", "max_new_tokens", "seed", "show_rejected", "step_mode")
@@ -46,8 +41,8 @@ CONTROL_KEYS = ("prompt", "preset", "block_size", "steps", "confidence", "accept
 class Settings:
     deadline_s: float = 120.0  # per request (generation or baseline)
     max_new_tokens: int = 512  # the playground's cap (the engine allows more)
-    refresh_s: float = 0.08  # at most this often: token stream, inspector, stats
-    plot_refresh_s: float = 0.5  # at most this often, and only at block ends: the plotly charts
+    refresh_s: float = 0.15  # at most this often: token stream, inspector, stats
+    plot_refresh_s: float = 1.0  # at most this often, and only at block ends: the plotly charts (each redraw remounts)
     play_delay_s: float = 0.3  # replay animation, per frame
     export_max_age_s: float = 3600.0
 
@@ -93,8 +88,8 @@ def hardware(engine: Engine) -> str:
 
 def view(events: list, show_rejected: bool = True, block: int | None = None, baseline: list | None = None,
          compare: dict | None = None, hw: str = "", charts: bool = True) -> dict[str, Any]:
-    out = {"tokens": render.token_stream_html(events, show_rejected), "inspector": render.inspector_html(events, block),
-           "stats": render.stats_html(events, compare, hw)}
+    out = {"legend": render.token_header_html(events, show_rejected), "tokens": render.token_stream_html(events, show_rejected),
+           "inspector": render.inspector_html(events, block), "stats": render.stats_html(events, compare, hw)}
     if charts:
         figs = plots.all_figures(events, baseline)
         out.update(block_length=figs["block_length"], histogram=figs["histogram"], positions=figs["positions"],
@@ -202,9 +197,12 @@ class Playground:
             events: list = [next(stream)]
             yield {"status": live_status(events), **view(events, show_rejected, hw=hw), "replay_label": ""}
             last = last_plot = 0.0
+            # Redraw at block ends (the inspector then shows a whole block with its verdict), and at each
+            # denoising pass only when there are several to watch.
+            watch_steps = request.use_draft and request.diffusion_steps > 1
             for e in stream:
                 events.append(e)
-                if isinstance(e, ev.Finished) or not isinstance(e, (ev.DraftStep, ev.Commit)):
+                if not (isinstance(e, ev.Commit) or (watch_steps and isinstance(e, ev.DraftStep))):
                     continue
                 now = time.monotonic()
                 if now - last < s.refresh_s:
@@ -216,6 +214,7 @@ class Playground:
                     charts = block_end and now - last_plot >= s.plot_refresh_s
                     last_plot = now if charts else last_plot
                     out.update(view(events, show_rejected, hw=hw, charts=charts))
+                    del out["legend"]  # unchanged during a run
                 yield out
         finally:
             stream.close()  # frees the engine at once if this generator is closed early
@@ -359,28 +358,9 @@ class Playground:
         finally:
             self._drop_cancel(session, cancel)
 
-    # -- exports -----------------------------------------------------------------------------------------------
+    # -- exports ----------------------------------------------------------------------------------------------
     def exports(self, trace: Trace, history: list, run_id: int) -> dict[str, Any]:
-        """Write the trace JSON, the per-block metrics CSV and the history CSV into a fresh temporary directory.
-        File names are fixed patterns with numbers only — no user text reaches a path."""
-        self._prune_exports()
-        d = Path(tempfile.mkdtemp(prefix="run-", dir=self.export_root))
-        trace_path = d / f"dflash-run{int(run_id)}-trace.json"
-        metrics_path = d / f"dflash-run{int(run_id)}-metrics.csv"
-        history_path = d / "dflash-history.csv"
-        trace_path.write_text(dumps_trace(trace), encoding="utf-8")
-        metrics_path.write_text(metrics_csv(trace.events), encoding="utf-8")
-        history_path.write_text(history_csv(history, HISTORY_COLUMNS), encoding="utf-8")
-        return {"export_trace": str(trace_path), "export_metrics": str(metrics_path), "export_history": str(history_path)}
-
-    def _prune_exports(self) -> None:
-        cutoff = time.time() - self.settings.export_max_age_s
-        for d in self.export_root.glob("run-*"):
-            try:
-                if d.stat().st_mtime < cutoff:
-                    shutil.rmtree(d, ignore_errors=True)
-            except OSError:
-                pass
+        return write_exports(self.export_root, trace, history, run_id, self.settings.export_max_age_s)
 
 
 def _n_blocks(events: list) -> int:
@@ -398,23 +378,3 @@ def _frame_index(value: Any, events: list) -> int:
     if not isinstance(v, int):
         return n - 1
     return max(0, min(v, n - 1))
-
-
-def history_row(run_id: int, source: str, preset: Any, events: list) -> dict[str, Any]:
-    st = render.started(events)
-    r = st.request if st else {}
-    s = render.run_stats(events)
-    fin = render.finished(events)
-    has_draft = bool(st and st.has_draft)
-    return {"run": run_id, "source": source, "preset": str(preset), "draft": "yes" if has_draft else "no",
-            "block": (r.get("block_size") or (st.trained_block_size if st else "")) if has_draft else 1,
-            "steps": r.get("diffusion_steps", ""), "conf thr": r.get("confidence_threshold", ""),
-            "accept thr": r.get("acceptance_threshold", ""), "adaptive": r.get("adaptive", ""),
-            "temperature": r.get("temperature", ""), "top_p": r.get("top_p", ""), "max new": r.get("max_new_tokens", ""),
-            "seed": r.get("seed", ""), "tokens": s["n_output_tokens"], "τ": round(s["tau"], 2),
-            "tok/s": round(s["tokens_per_s"], 2), "TTFT ms": round(s["ttft_ms"]), "draft share": round(s["draft_share"], 2),
-            "finish": fin.reason if fin else "", "baseline tok/s": "", "speedup": "", "identical": ""}
-
-
-def history_table(history: list) -> list[list[Any]]:
-    return [[r.get(c, "") for c in HISTORY_COLUMNS] for r in history]

@@ -18,8 +18,9 @@ from dflash.engine import Engine
 from dflash.request import MAX_PROMPT_CHARS
 from ui import text
 from ui.engines import EngineProvider, Loader
-from ui.handlers import (CONTROL_KEYS, HISTORY_COLUMNS, USER_ERRORS, VIEW_KEYS, Playground, Settings, defaults,
-                         history_table, view)
+from ui.exports import HISTORY_COLUMNS, history_table
+from ui.handlers import CONTROL_KEYS, USER_ERRORS, VIEW_KEYS, Playground, Settings, defaults, view
+from ui.render import TOKEN_TEMPLATE
 from ui.replay import bundled_traces
 
 log = logging.getLogger("dflash.ui")
@@ -125,7 +126,9 @@ def build_demo(engines: EngineProvider | Mapping[str, Engine] | Loader | None = 
                     seed = gr.Number(d["seed"], precision=0, minimum=0, label="Seed", info=text.INFO["seed"], elem_id="seed")
             with gr.Column(scale=8, min_width=480):
                 status = gr.Markdown("Ready.", elem_id="status")
-                tokens = gr.HTML(view([])["tokens"], js_on_load=TOKEN_JS, elem_id="token-stream", padding=True)
+                legend = gr.HTML(view([])["legend"], elem_id="token-legend", padding=True)
+                tokens = gr.HTML(view([])["tokens"], html_template=TOKEN_TEMPLATE, js_on_load=TOKEN_JS, elem_id="token-stream",
+                                 padding=True)
                 with gr.Row(equal_height=False):
                     stats = gr.HTML(view([])["stats"], elem_id="stats", padding=True)
                     compare = gr.Button("Compare with autoregressive", elem_id="compare", scale=0, min_width=200)
@@ -168,7 +171,7 @@ def build_demo(engines: EngineProvider | Mapping[str, Engine] | Loader | None = 
 
         controls = [prompt, preset, block_size, steps, confidence, acceptance, adaptive, min_block, max_block, temperature,
                     top_p, max_new, seed, show_rejected, step_mode]
-        comp = {"tokens": tokens, "inspector": inspector, "block_length": block_length, "histogram": histogram,
+        comp = {"legend": legend, "tokens": tokens, "inspector": inspector, "block_length": block_length, "histogram": histogram,
                 "positions": positions, "throughput": throughput, "stats": stats, "status": status, "trace": trace_state,
                 "history": history_state, "history_table": history, "replay": replay, "replay_label": replay_label,
                 "inspect_block": inspect_block, "export_trace": export_trace, "export_metrics": export_metrics,
@@ -189,8 +192,8 @@ def build_demo(engines: EngineProvider | Mapping[str, Engine] | Loader | None = 
             for out in _stream_errors(pg.compare(trace_v, history_v, bool(show_v), request.session_hash)):
                 yield pack(out)
 
-        def on_stop(request: gr.Request):
-            return pg.stop(request.session_hash)
+        def on_stop(request: gr.Request) -> None:
+            pg.stop(request.session_hash)
 
         def on_play(trace_v, frame_v, block_v, show_v, request: gr.Request):
             for out in _stream_errors(pg.play(trace_v, frame_v, block_v, bool(show_v), request.session_hash)):
@@ -205,7 +208,9 @@ def build_demo(engines: EngineProvider | Mapping[str, Engine] | Loader | None = 
                       show_progress="hidden", **engine_slot)
         compare.click(on_compare, [trace_state, history_state, show_rejected], outputs, api_name="compare",
                       show_progress="hidden", **engine_slot)
-        stop.click(on_stop, None, [status], api_name="stop", queue=False)
+        # No output: the run itself reports "stopped by the user" in its last update (a reply from Stop could
+        # arrive after that update and overwrite it).
+        stop.click(on_stop, None, None, api_name="stop", queue=False)
         reset.click(lambda: tuple(defaults(trained)[k] if k != "preset" else d["preset"] for k in CONTROL_KEYS), None, controls,
                     api_name="reset", queue=False)
         acceptance.change(lambda v: gr.update(label=_acceptance_label(v)), acceptance, acceptance, queue=False,

@@ -83,7 +83,8 @@ def block_length_figure(events: list) -> go.Figure:
     prev = None
     for v in verifies:
         d = decisions.get(v.block)
-        if d is not None and prev is not None and d.size != prev and len(notes) < 13:
+        # Annotate the controller's own decisions, not the clip to the tokens left at the end.
+        if d is not None and prev is not None and d.size != prev and "clipped" not in d.reason and len(notes) < 13:
             notes.append({"x": v.block, "y": d.size, "text": _short(d.reason), "showarrow": True, "arrowhead": 2, "ax": 0,
                           "ay": -22, "font": {"size": 9, "color": GREY}, "arrowcolor": GREY})
         prev = d.size if d is not None else prev

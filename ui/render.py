@@ -64,17 +64,18 @@ def finished(events: list) -> ev.Finished | None:
 
 
 # -- text helpers ----------------------------------------------------------------------------------------------
-def show_text(text: str) -> str:
-    """Token text made visible and safe: HTML-escaped, newline as ↵ + line break, other control characters as
-    their Unicode control pictures, an empty token as ∅."""
+def show_text(text: str, breaks: bool = True) -> str:
+    """Token text made visible and safe: HTML-escaped, newline as ↵ (+ a line break when `breaks`: committed
+    text, not rejected tokens or grid cells), other control characters as Unicode control pictures, an empty
+    token as ∅."""
     if text == "":
         return "∅"
     out = []
     for ch in text:
         if ch == "\n":
-            out.append("↵\n")
+            out.append("↵\n" if breaks else "↵")
         elif ch == "\t":
-            out.append("⇥\t")
+            out.append("⇥\t" if breaks else "⇥")
         elif ord(ch) < 32:
             out.append(chr(0x2400 + ord(ch)))
         elif ord(ch) == 127:
@@ -103,7 +104,7 @@ def token_class(kind: str, block: int, has_draft: bool) -> str:
 
 
 def _token_span(cls: str, text: str, title: str, extra: str = "") -> str:
-    return f'<span class="tok tok-{cls}{extra}" title="{attr(title)}">{show_text(text)}</span>'
+    return f'<span class="tok tok-{cls}{extra}" title="{attr(title)}">{show_text(text, breaks=cls != "rejected")}</span>'
 
 
 def token_spans(events: list, show_rejected: bool = True) -> list[str]:
@@ -177,20 +178,28 @@ def prompt_of(st: ev.Started | None) -> str:
     return st.request.get("prompt") or st.prompt_text
 
 
-def token_stream_html(events: list, show_rejected: bool = True, placeholder: str = "Press Generate (or load a trace) to see tokens stream here.") -> str:
+def token_stream_html(events: list, show_rejected: bool = True,
+                      placeholder: str = "Press Generate (or load a trace) to see tokens stream here.") -> str:
+    """The answer as token spans and nothing else: while a run grows, each new value extends the previous one,
+    so Gradio streams only the appended part (the page wraps it with TOKEN_TEMPLATE)."""
+    spans = token_spans(events, show_rejected)
+    return "".join(spans) if spans else f'<span class="dfl-placeholder">{attr(placeholder)}</span>'
+
+
+# The token stream component's frame: column-reverse keeps the newest tokens in view as the answer grows.
+TOKEN_TEMPLATE = ('<div class="dfl-stream-scroll"><div class="dfl-stream">${value}</div></div>'
+                  '<div class="tok-details" aria-live="polite">Hover over (or click) a token: block, position, draft '
+                  "confidence and the target's choice.</div>")
+
+
+def token_header_html(events: list, show_rejected: bool = True) -> str:
+    """Legend (colour + non-colour cue for each kind present in this kind of run) and the prompt."""
     st = started(events)
     has_draft = bool(st.has_draft) if st else True
-    spans = token_spans(events, show_rejected)
     prompt = prompt_of(st)
     head = (f'<div class="dfl-prompt"><b>Prompt:</b> {attr(prompt[:400])}{"…" if len(prompt) > 400 else ""}</div>'
             if prompt else "")
-    body = "".join(spans) if spans else f'<span class="dfl-placeholder">{attr(placeholder)}</span>'
-    fin = finished(events)
-    tail = f'<div class="dfl-finish">{attr(finish_words(fin))}</div>' if fin else ""
-    return (f'<div class="dfl-tokens-wrap">{legend_html(has_draft, show_rejected)}{head}'
-            f'<div class="dfl-stream-scroll"><div class="dfl-stream" data-tokens="{len(spans)}">{body}</div></div>{tail}'
-            f'<div class="tok-details" aria-live="polite">Hover over (or click) a token: block, position, draft '
-            f'confidence and the target\'s choice.</div></div>')
+    return f'<div class="dfl-tokens-head">{legend_html(has_draft, show_rejected)}{head}</div>'
 
 
 FINISH_WORDS = {"eos": "the model ended its answer", "length": "reached max new tokens", "stop": "hit a stop token",
@@ -233,7 +242,7 @@ def _conf_style(conf: float) -> str:
 def _cell(text: str, conf: float | None, cls: str, title: str) -> str:
     conf_txt = f'<small class="conf">{conf:.2f}</small>' if conf is not None else ""
     style = _conf_style(conf) if conf is not None and cls not in ("cell-mask",) else ""
-    return f'<td class="{cls}" title="{attr(title)}"{style}><span class="ct">{show_text(text)}</span>{conf_txt}</td>'
+    return f'<td class="{cls}" title="{attr(title)}"{style}><span class="ct">{show_text(text, False)}</span>{conf_txt}</td>'
 
 
 def inspector_grid(info: BlockInfo) -> list[list[dict]]:
@@ -303,7 +312,7 @@ def inspector_html(events: list, block: int | None = None) -> str:
             elif k == "bad":
                 tip = f"rejected: draft {quoted(c['draft'])}, the target chose {quoted(c['text'])}"
                 cells.append(f'<td class="v-bad" title="{attr(tip)}"><span class="glyph">✗</span> '
-                             f'<span class="ct">{show_text(c["text"])}</span></td>')
+                             f'<span class="ct">{show_text(c["text"], False)}</span></td>')
             else:
                 cells.append('<td class="v-skip" title="not counted: after the first rejection">–</td>')
         rows_html.append(f'<tr class="{"row-verify" if is_verify else "row-step"}"><th scope="row">{label}</th>{"".join(cells)}</tr>')
@@ -311,7 +320,7 @@ def inspector_html(events: list, block: int | None = None) -> str:
     if info.verify is not None and info.verify.draft_tokens:
         v = info.verify
         word = "bonus" if v.accepted_len == len(v.draft_tokens) else "correction"
-        nxt = (f'<p class="insp-next">Target adds: <span class="tok tok-{word}">{show_text(v.target_texts[v.accepted_len])}</span> '
+        nxt = (f'<p class="insp-next">Target adds: <span class="tok tok-{word}">{show_text(v.target_texts[v.accepted_len], False)}</span> '
                f'({word}) · draft {v.draft_ms:.0f} ms · verify {v.verify_ms:.0f} ms</p>')
     elif info.verify is not None:
         nxt = f'<p class="insp-next">verify {info.verify.verify_ms:.0f} ms (one target forward)</p>'

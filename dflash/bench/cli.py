@@ -127,7 +127,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
               "prompts": []}
     if args.resume and json_path.exists():
         old = json.loads(json_path.read_text())
-        if old.get("config") != config or old.get("models", {}).get("draft") != models.get("draft"):
+        same_models = all(old.get("models", {}).get(k) == models.get(k) for k in ("target", "draft", "dtype", "device"))
+        if old.get("config") != config or not same_models:
             raise ValidationError("resume", f"{args.output} was made with other settings; use --overwrite to start again")
         result["prompts"] = [p for p in old["prompts"] if p["index"] < len(items) and p["prompt_ids"] == items[p["index"]].ids]
         result["started_at"], result["resumed_at"] = old.get("started_at"), now_iso()

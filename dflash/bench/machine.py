@@ -51,6 +51,9 @@ def machine_info(device: str = "cpu") -> dict:
         "mkldnn": torch.backends.mkldnn.is_available(),
         "onednn_head": os.environ.get("DFLASH_ONEDNN_HEAD", "1") != "0",
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        # Thread settings that change CPU timings a lot on a shared machine (BENCHMARKS.md).
+        "env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "DFLASH_ONEDNN_HEAD")
+                if k in os.environ},
         "device": device,
     }
     if device.startswith("cuda") and torch.cuda.is_available():

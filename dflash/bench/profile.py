@@ -7,6 +7,10 @@
         torch.profiler over one generation: top operators, and decode time split into draft / verify / the rest.
     python -m dflash.bench.profile head-ab --random-draft 2 [--limit 3] [--max-new-tokens 32] [--repeats 2]
         generations interleaved with the packed head on and off: verify and draft ms per block, same outputs.
+    python -m dflash.bench.profile gemm [--rows 1,2,4,8,16] [--reps 3]
+        the target's decoder-layer weight products alone (every linear of every layer, float32) for M rows: MKL
+        `F.linear`, a oneDNN pre-packed copy, and one `F.linear` per row — what a verify of M tokens costs in
+        its matrix products, compared with one decode step.
 
 Options shared with the CLI: --preset/--target/--draft/--dtype/--threads. Keep runs small on a shared CPU.
 """
@@ -57,11 +61,53 @@ def forward_costs(args) -> list[dict]:
         one = statistics.median(times[(1, True)]) if (1, True) in times else None
         for (t, packed), v in times.items():
             med, lo = _median_min(v)
-            rows.append({"dtype": dtype, "tokens": t, "head": "onednn-packed" if packed and t > 1 and dtype == "float32" else "mkl",
+            head = "onednn-packed" if packed and t > 1 and dtype == "float32" else "mkl"
+            rows.append({"dtype": dtype, "tokens": t, "head": head,
                          "median_ms": round(med, 1), "min_ms": round(lo, 1),
                          "vs_1_token": round(med / one, 2) if one else None})
         model = tg.model  # the next dtype casts the same weights
     return rows
+
+
+def gemm_costs(args) -> list[dict]:
+    import torch.nn.functional as F
+    from torch import nn
+
+    from dflash.registry import get_preset
+    from dflash.target import load_target_model
+
+    model, _ = load_target_model(args.target or get_preset(args.preset).target)
+    weights = [m.weight.detach().float().contiguous() for m in model.model.layers.modules() if isinstance(m, nn.Linear)]
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in weights]
+    del model
+
+    def run(m: int, how: str) -> float:
+        xs = {k: torch.randn(m, k) for k in {w.shape[1] for w in weights}}
+        t0 = time.perf_counter()
+        for w, p in zip(weights, packed, strict=True):
+            x = xs[w.shape[1]]
+            if how == "mkl":
+                F.linear(x, w)
+            elif how == "onednn-packed":
+                torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
+            else:  # one row at a time: M matrix-vector products, the later ones from cache
+                for i in range(m):
+                    F.linear(x[i : i + 1], w)
+        return (time.perf_counter() - t0) * 1000
+
+    rows = [int(r) for r in args.rows.split(",")]
+    times: dict[tuple[int, str], list[float]] = {}
+    for rep in range(args.reps + 1):  # interleaved; repetition 0 is a warm-up
+        for m in rows:
+            for how in ("mkl", "onednn-packed", "per-row"):
+                if how == "per-row" and m == 1:
+                    continue
+                dt = run(m, how)
+                if rep:
+                    times.setdefault((m, how), []).append(dt)
+    one = statistics.median(times[(1, "mkl")]) if (1, "mkl") in times else None
+    return [{"rows": m, "kernel": how, "n_matrices": len(weights), "median_ms": round(statistics.median(v), 1),
+             "vs_1_row_mkl": round(statistics.median(v) / one, 2) if one else None} for (m, how), v in times.items()]
 
 
 def op_profile(args) -> dict:
@@ -141,19 +187,22 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--prompt", default="Write a short story about a robot who learns to paint.")
     o.add_argument("--max-new-tokens", type=int, default=32)
     o.add_argument("--top", type=int, default=15)
+    g = sub.add_parser("gemm")
+    g.add_argument("--rows", default="1,2,4,8,16")
+    g.add_argument("--reps", type=int, default=3)
     h = sub.add_parser("head-ab")
     h.add_argument("--prompts", default="mt-bench")
     h.add_argument("--limit", type=int, default=3)
     h.add_argument("--max-new-tokens", type=int, default=32)
     h.add_argument("--repeats", type=int, default=2)
-    for q in (f, o, h):
+    for q in (f, o, g, h):
         add_model_args(q)
         q.add_argument("--random-draft", type=int, metavar="LAYERS", help="a random draft sized for the target")
         q.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    result = {"forward": forward_costs, "ops": op_profile, "head-ab": head_ab}[args.mode](args)
+    result = {"forward": forward_costs, "ops": op_profile, "gemm": gemm_costs, "head-ab": head_ab}[args.mode](args)
     result = {"mode": args.mode, "threads": torch.get_num_threads(), "argv": sys.argv[1:] if argv is None else argv,
               "load_average": list(__import__("os").getloadavg()), "result": result}
     if args.json:

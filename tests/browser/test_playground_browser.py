@@ -46,10 +46,10 @@ def launch(engine):
 
 @pytest.fixture(scope="module")
 def app():
-    from tests.ui_support import tiny_text_engine
+    from tests.ui_support import paced_text_engine
 
     torch.set_num_threads(1)
-    a = launch(tiny_text_engine(block_size=8))
+    a = launch(paced_text_engine(block_size=8, delay_s=0.05))  # ≥ 20 s for 400 tokens: time to press Stop
     yield a
     a.demo.close()
 
@@ -62,7 +62,7 @@ def open_page(browser, url: str):
     page = browser.new_page(viewport={"width": 1440, "height": 1100})
     page.set_default_timeout(60_000)
     page.goto(url)
-    page.wait_for_selector("#token-stream .dfl-legend", timeout=120_000)
+    page.wait_for_selector("#token-legend .dfl-legend", timeout=120_000)
     return page
 
 
@@ -72,17 +72,20 @@ def token_count(page) -> int:
 
 def set_slider(page, elem_id: str, value: float) -> None:
     box = page.locator(f"#{elem_id} input[type=number]")
-    if not box.is_visible():  # inside a closed accordion: open the accordion that holds it
-        page.locator(f".block:has(#{elem_id}) > button, button:has-text('{ACCORDION[elem_id]}')").first.click()
+    if not box.is_visible():  # inside a closed accordion: open it and let it render
+        page.locator(f"button:has-text('{ACCORDION[elem_id]}')").first.click()
+        box.wait_for(state="visible")
+        time.sleep(0.5)
     box.fill(str(value))
-    box.press("Enter")
+    box.press("Tab")
+    expect(box).to_have_value(str(value))
 
 
 def test_generate_stream_inspect_stop_and_replay(app, browser):
     ARTIFACTS.mkdir(exist_ok=True)
     page = open_page(browser, app.url)
     expect(page.locator("#token-stream")).to_contain_text("Press Generate")
-    expect(page.locator("#token-stream .dfl-legend")).to_contain_text("accepted draft token")
+    expect(page.locator("#token-legend .dfl-legend")).to_contain_text("accepted draft token")
     page.locator("#prompt textarea").fill("Once upon a time")
     set_slider(page, "max-new-tokens", 400)  # long enough to press Stop in the middle
     page.click("#generate")
@@ -90,36 +93,36 @@ def test_generate_stream_inspect_stop_and_replay(app, browser):
     page.wait_for_function("document.querySelectorAll('#token-stream .dfl-stream .tok').length > 2", timeout=120_000)
     first = token_count(page)
     page.wait_for_function(f"document.querySelectorAll('#token-stream .dfl-stream .tok').length > {first}", timeout=120_000)
-    expect(page.locator("#status")).to_contain_text("Generating")
-    # The inspector and the charts appear.
-    expect(page.locator("#block-inspector table.insp")).to_be_visible(timeout=60_000)
-    expect(page.locator("#block-inspector .row-verify")).to_have_count(1)
-    for plot in ("block-length-plot", "acceptance-histogram", "position-acceptance-plot", "throughput-plot"):
-        expect(page.locator(f"#{plot} .js-plotly-plot")).to_be_visible(timeout=60_000)
-    # Hover text and click details on a token.
-    tok = page.locator("#token-stream .dfl-stream .tok").nth(1)
-    assert re.match(r"block \d+ · ", tok.get_attribute("title"))
-    page.screenshot(path=str(ARTIFACTS / "playground-generating.png"), full_page=True)
-    page.click("#stop")
+    page.locator("#stop").dispatch_event("click")  # no actionability wait: the page is busy streaming
     expect(page.locator("#status")).to_contain_text("stopped by the user", timeout=120_000)
     stopped = token_count(page)
     time.sleep(1.0)
     assert token_count(page) == stopped  # nothing streams after Stop
     assert not app.engine._lock.locked()
-    tok = page.locator("#token-stream .dfl-stream .tok").nth(1)
-    tok.click()
-    expect(page.locator("#token-stream .tok-details")).to_have_text(tok.get_attribute("title"))
+    expect(page.locator("#status")).to_contain_text("Finished (cancelled)")
+    # The inspector and the charts are there.
+    expect(page.locator("#block-inspector table.insp")).to_be_visible()
+    expect(page.locator("#block-inspector .row-verify")).to_have_count(1)
+    for plot in ("block-length-plot", "acceptance-histogram", "position-acceptance-plot", "throughput-plot"):
+        expect(page.locator(f"#{plot} .js-plotly-plot")).to_be_visible()
     expect(page.locator("#stats")).to_contain_text("τ")
+    # Hover text and click details on a token.
+    tok = page.locator("#token-stream .dfl-stream .tok").nth(1)
+    title = tok.get_attribute("title")
+    assert re.match(r"block \d+ · ", title)
+    tok.click()
+    expect(page.locator("#token-stream .tok-details")).to_have_text(title)
+    page.screenshot(path=str(ARTIFACTS / "playground-stopped.png"), full_page=True)
     # Replay a bundled trace, one step back and forth.
     page.get_by_role("tab", name="Replay and step mode").click()
     page.click("#load-trace")
-    expect(page.locator("#status")).to_contain_text("Loaded bundled trace", timeout=60_000)
+    expect(page.locator("#status")).to_contain_text("Loaded bundled trace")
     expect(page.locator("#replay-label")).to_contain_text("finished")
     page.click("#step-prev")
-    expect(page.locator("#replay-label")).not_to_contain_text("finished", timeout=30_000)
+    expect(page.locator("#replay-label")).not_to_contain_text("finished")
     page.click("#step-next")
-    expect(page.locator("#replay-label")).to_contain_text("finished", timeout=30_000)
-    expect(page.locator("#token-stream .dfl-prompt")).to_contain_text("Prompt:")
+    expect(page.locator("#replay-label")).to_contain_text("finished")
+    expect(page.locator("#token-legend .dfl-prompt")).to_contain_text("Prompt:")
     page.screenshot(path=str(ARTIFACTS / "playground-replay.png"), full_page=True)
     page.close()
 

@@ -1,0 +1,62 @@
+"""Run history rows and the files a user can download (trace JSON, per-block metrics CSV, history CSV).
+
+Files go into a fresh directory under Gradio's upload folder with fixed names made of numbers only: no user
+text ever reaches a path. Directories older than an hour are removed at the next export.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ui import render
+from ui.replay import Trace, dumps_trace, history_csv, metrics_csv
+
+HISTORY_COLUMNS = ["run", "source", "preset", "draft", "block", "steps", "conf thr", "accept thr", "adaptive",
+                   "temperature", "top_p", "max new", "seed", "tokens", "τ", "tok/s", "TTFT ms", "draft share",
+                   "finish", "baseline tok/s", "speedup", "identical"]
+
+
+def write_exports(root: Path, trace: Trace, history: list, run_id: int, max_age_s: float = 3600.0) -> dict[str, Any]:
+    prune(root, max_age_s)
+    d = Path(tempfile.mkdtemp(prefix="run-", dir=root))
+    trace_path = d / f"dflash-run{int(run_id)}-trace.json"
+    metrics_path = d / f"dflash-run{int(run_id)}-metrics.csv"
+    history_path = d / "dflash-history.csv"
+    trace_path.write_text(dumps_trace(trace), encoding="utf-8")
+    metrics_path.write_text(metrics_csv(trace.events), encoding="utf-8")
+    history_path.write_text(history_csv(history, HISTORY_COLUMNS), encoding="utf-8")
+    return {"export_trace": str(trace_path), "export_metrics": str(metrics_path), "export_history": str(history_path)}
+
+
+def prune(root: Path, max_age_s: float) -> None:
+    cutoff = time.time() - max_age_s
+    for d in root.glob("run-*"):
+        try:
+            if d.stat().st_mtime < cutoff:
+                shutil.rmtree(d, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def history_row(run_id: int, source: str, preset: Any, events: list) -> dict[str, Any]:
+    st = render.started(events)
+    r = st.request if st else {}
+    s = render.run_stats(events)
+    fin = render.finished(events)
+    has_draft = bool(st and st.has_draft)
+    return {"run": run_id, "source": source, "preset": str(preset), "draft": "yes" if has_draft else "no",
+            "block": (r.get("block_size") or (st.trained_block_size if st else "")) if has_draft else 1,
+            "steps": r.get("diffusion_steps", ""), "conf thr": r.get("confidence_threshold", ""),
+            "accept thr": r.get("acceptance_threshold", ""), "adaptive": r.get("adaptive", ""),
+            "temperature": r.get("temperature", ""), "top_p": r.get("top_p", ""), "max new": r.get("max_new_tokens", ""),
+            "seed": r.get("seed", ""), "tokens": s["n_output_tokens"], "τ": round(s["tau"], 2),
+            "tok/s": round(s["tokens_per_s"], 2), "TTFT ms": round(s["ttft_ms"]), "draft share": round(s["draft_share"], 2),
+            "finish": fin.reason if fin else "", "baseline tok/s": "", "speedup": "", "identical": ""}
+
+
+def history_table(history: list) -> list[list[Any]]:
+    return [[r.get(c, "") for c in HISTORY_COLUMNS] for r in history]
