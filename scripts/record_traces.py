@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
            {"title": f"Code · SmolLM2 + {tag}, block 8, 2 denoising steps", "model": engine.name, "draft": draft_words,
             "note": note}, out / "code.json")
     # 3. Maths: the slow-start controller adapting the block size.
-    record(engine, Request(prompt=prompts["Maths"], block_size=8, adaptive="slow-start", min_block_size=2, max_block_size=8, **base),
+    record(engine, Request(prompt=prompts["Maths"], block_size=8, adaptive="slow-start", min_block_size=2, max_block_size=8,
+                           **base),
            {"title": f"Maths · SmolLM2 + {tag}, slow-start adaptive block", "model": engine.name, "draft": draft_words,
             "note": note}, out / "maths.json")
     return 0

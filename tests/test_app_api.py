@@ -216,6 +216,21 @@ def test_deadline_ends_the_request(app):
     assert "Finished (timeout)" in final["status"] and "deadline of 0.001 s reached" in final["status"]
 
 
+def test_stop_takes_effect_within_one_step(app):
+    pg = Playground(EngineProvider({"default": app.engine}), Settings(refresh_s=0.0))
+    gen = pg.generate(dict(zip(CONTROL_KEYS, args(max_new_tokens=300))), [], "s")
+    for i, out in enumerate(gen):
+        if i == 4:  # the generator (and the engine inside it) is paused right after a commit
+            verified = int(re.search(r"(\d+) verify steps", out["status"]).group(1))
+            assert pg.stop("s") == "Stopping after the current step…"
+            break
+    final = list(gen)[-1]
+    trace = parse_trace(Path(final["export_trace"]).read_text(encoding="utf-8"))
+    assert trace.events[-1].reason == "cancelled"
+    assert sum(type(e).__name__ == "Verify" for e in trace.events) <= verified + 1
+    assert not app.engine._lock.locked()
+
+
 def test_step_mode_records_then_starts_at_the_first_step(app):
     pg = Playground(EngineProvider({"default": app.engine}))
     values = dict(zip(CONTROL_KEYS, args(max_new_tokens=8, step_mode=True)))

@@ -15,7 +15,7 @@ from dflash import events as ev
 from dflash.events import event_to_dict
 from dflash.stats import compute_stats
 from tests.ui_support import recorded_runs
-from ui import render
+from ui import render, render_inspector, render_stats
 from ui.replay import (Trace, TraceError, bundled_traces, dumps_trace, events_at, frame_label, frames, load_trace_file,
                        metrics_csv, metrics_rows, parse_trace)
 
@@ -50,7 +50,7 @@ def test_every_committed_token_gets_one_span_with_its_kind(runs):
 def test_rejected_draft_tokens_are_shown_struck_through_before_each_correction(runs):
     events = runs["mixed"]
     seq = classes(render.token_stream_html(events, show_rejected=True))
-    expected_rejected = sum(len(v.draft_tokens) - v.accepted_len for v in verifies(events) if v.accepted_len < len(v.draft_tokens))
+    expected_rejected = sum(len(v.draft_tokens) - v.accepted_len for v in verifies(events))
     assert seq.count("rejected") == expected_rejected > 0
     for i, c in enumerate(seq):  # a run of rejected tokens always ends at a correction
         if c == "rejected" and (i + 1 == len(seq) or seq[i + 1] != "rejected"):
@@ -64,7 +64,8 @@ def test_token_markup_snapshot(runs):
     c1 = commits(runs["mixed"])[1]
     assert c1.kinds == ["draft", "draft", "draft", "bonus"]
     assert spans[1] == ('<span class="tok tok-draft" title="block 1 · output token 1 · draft position 1 · accepted draft '
-                        f'token · draft confidence 1.00 · target&#x27;s choice “{c1.texts[0]}” ✓">{render.show_text(c1.texts[0])}</span>')
+                        f'token · draft confidence 1.00 · target&#x27;s choice “{c1.texts[0]}” ✓">'
+                        f'{render.show_text(c1.texts[0])}</span>')
     assert spans[4] == ('<span class="tok tok-bonus" title="block 1 · output token 4 · bonus token: all 3 drafted tokens '
                         f'accepted, the target adds “{c1.texts[3]}”">{render.show_text(c1.texts[3])}</span>')
     assert spans[0].startswith('<span class="tok tok-first" title="block 0 · output token 0 · the target&#x27;s first token')
@@ -140,7 +141,7 @@ def test_inspector_grid_rows_are_denoising_steps_then_the_verdict(runs):
     events = runs["denoise"]
     blocks = render.group_blocks(events)
     info = blocks[1]
-    grid = render.inspector_grid(info)
+    grid = render_inspector.inspector_grid(info)
     assert len(grid) == len(info.steps) + 1 and len(info.steps) >= 2
     n = info.verify.block_size
     # Each drafted position is committed at exactly one step and stays MASK before it.
@@ -160,7 +161,7 @@ def test_inspector_grid_rows_are_denoising_steps_then_the_verdict(runs):
 
 def test_inspector_html_shows_masks_commits_and_the_first_rejection(runs):
     events = runs["denoise"]
-    html = render.inspector_html(events, block=1)
+    html = render_inspector.inspector_html(events, block=1)
     assert "Block 1:" in html and 'class="cell-mask"' in html and 'class="cell-new"' in html
     assert html.count("<tr class=\"row-step\">") == len(render.group_blocks(events)[1].steps)
     v = render.group_blocks(events)[1].verify
@@ -168,53 +169,55 @@ def test_inspector_html_shows_masks_commits_and_the_first_rejection(runs):
         assert 'class="v-bad"' in html and "✗" in html
     # No block chosen (or one that doesn't exist): the latest.
     last = max(render.group_blocks(events))
-    assert f"Block {last}:" in render.inspector_html(events) and f"Block {last}:" in render.inspector_html(events, block=999)
+    assert f"Block {last}:" in render_inspector.inspector_html(events)
+    assert f"Block {last}:" in render_inspector.inspector_html(events, block=999)
 
 
 def test_inspector_verdict_row_matches_verify_events(runs):
     for v in verifies(runs["mixed"]):
-        html = render.inspector_html(runs["mixed"], block=v.block)
+        html = render_inspector.inspector_html(runs["mixed"], block=v.block)
         verdict = html.split('class="row-verify"', 1)[1].split("</tr>", 1)[0]
         assert verdict.count('class="v-ok"') == v.accepted_len
         assert verdict.count('class="v-bad"') == (1 if v.accepted_len < len(v.draft_tokens) else 0)
         if v.accepted_len == len(v.draft_tokens):
             assert "(bonus)" in html
-    assert "no draft — the target decodes one token" in render.inspector_html(runs["baseline"], block=3)
+    assert "no draft — the target decodes one token" in render_inspector.inspector_html(runs["baseline"], block=3)
 
 
 def test_block_summary_sentences(runs):
     blocks = render.group_blocks(runs["mixed"])
     full = next(b for b in blocks.values() if b.verify and b.verify.accepted_len == len(b.verify.draft_tokens))
     part = next(b for b in blocks.values() if b.verify and b.verify.accepted_len < len(b.verify.draft_tokens))
-    assert f"all {len(full.verify.draft_tokens)} drafted tokens accepted, +1 bonus token" in render.block_summary(full)
-    assert f"rejected at position {part.verify.accepted_len + 1}" in render.block_summary(part)
+    assert f"all {len(full.verify.draft_tokens)} drafted tokens accepted, +1 bonus token" in render_inspector.block_summary(full)
+    assert f"rejected at position {part.verify.accepted_len + 1}" in render_inspector.block_summary(part)
 
 
 # -- statistics and comparison -----------------------------------------------------------------------------------
 def test_stats_panel_carries_the_engine_statistics(runs):
     events = runs["mixed"]
     s = compute_stats(events)
-    html = render.stats_html(events)
+    html = render_stats.stats_html(events)
     assert f'data-tau="{s["tau"]:.4f}"' in html and f'data-n-out="{s["n_output_tokens"]}"' in html
     assert f">{s['tau']:.2f}<" in html and "time to first token" in html and "draft / verify time" in html
     assert "LOSSY" not in html
-    assert "LOSSY" in render.stats_html(runs["lossy"])
+    assert "LOSSY" in render_stats.stats_html(runs["lossy"])
     # Mid-run (no Finished yet) the panel computes the same numbers from the events so far.
     part = events[: len(events) // 2]
-    assert f'data-tau="{compute_stats(part)["tau"]:.4f}"' in render.stats_html(part)
+    assert f'data-tau="{compute_stats(part)["tau"]:.4f}"' in render_stats.stats_html(part)
 
 
 def test_comparison_with_the_baseline(runs):
-    comp = render.comparison(runs["mixed"], runs["baseline"])
+    comp = render_stats.comparison(runs["mixed"], runs["baseline"])
     assert comp["identical"] and comp["first_diff"] is None and comp["n_compared"] == 40
     assert comp["speedup"] == pytest.approx(runs["mixed"][-1].stats["tokens_per_s"] / runs["baseline"][-1].stats["tokens_per_s"])
-    html = render.stats_html(runs["mixed"], comp)
+    html = render_stats.stats_html(runs["mixed"], comp)
     assert "✓ identical" in html and "speedup" in html
-    lossy = render.comparison(runs["lossy"], runs["baseline"])
+    lossy = render_stats.comparison(runs["lossy"], runs["baseline"])
     a, b = runs["lossy"][-1].output_ids, runs["baseline"][-1].output_ids
     first = next(i for i in range(min(len(a), len(b))) if a[i] != b[i])
     assert not lossy["identical"] and lossy["first_diff"] == first
-    assert f"differs from the target's own output at token {first}" in render.stats_html(runs["lossy"], lossy).replace("&#x27;", "'")
+    html = render_stats.stats_html(runs["lossy"], lossy).replace("&#x27;", "'")
+    assert f"differs from the target's own output at token {first}" in html
 
 
 # -- traces and replay -------------------------------------------------------------------------------------------
@@ -231,7 +234,8 @@ def test_trace_round_trip_and_cli_jsonl(runs):
     ("{not json", "line 1 is not valid JSON"),
     ('{"format": "dflash-trace", "version": 9, "events": []}', "version 9 is not supported"),
     ('{"format": "dflash-trace", "version": 1, "events": [{"type": "Hack"}]}', "not a DFlash event"),
-    ('{"format": "dflash-trace", "version": 1, "events": [{"type": "Prefill", "n_prompt_tokens": 1, "ms": 1}]}', "first event must be Started"),
+    ('{"format": "dflash-trace", "version": 1, "events": [{"type": "Prefill", "n_prompt_tokens": 1, "ms": 1}]}',
+     "first event must be Started"),
     ('{"format": "dflash-trace", "version": 1, "events": [{"type": "Prefill", "bogus": 1}]}', "missing or unknown fields"),
     ('[1, 2]', "not a DFlash trace"),
 ])
@@ -255,7 +259,7 @@ def test_frames_step_through_draft_steps_and_commits(runs):
     # Rendering any prefix works (replay draws every panel from events_at).
     for f in range(len(idx)):
         part = events_at(events, f)
-        render.token_stream_html(part), render.inspector_html(part), render.stats_html(part)
+        render.token_stream_html(part), render_inspector.inspector_html(part), render_stats.stats_html(part)
 
 
 def test_metrics_csv_has_one_row_per_commit(runs):
@@ -286,6 +290,6 @@ def test_bundled_traces_replay_without_a_model():
         html = render.token_stream_html(t.events)
         assert len(re.findall(r'class="tok tok-(?!rejected)', html)) == t.events[-1].stats["n_output_tokens"]
         if t.baseline:
-            comp = render.comparison(t.events, t.baseline)
+            comp = render_stats.comparison(t.events, t.baseline)
             lossy = t.events[0].lossy
             assert comp["identical"] or lossy  # lossless runs match the target's own output

@@ -90,7 +90,8 @@ def recorded_runs() -> dict[str, list]:
                                         min_block_size=2, max_block_size=8))
     finally:
         with_drafter(engine, None, full)
-    denoise = engine.generate(Request(prompt=PROMPT, max_new_tokens=16, block_size=8, diffusion_steps=3, confidence_threshold=1.0))
+    denoise = engine.generate(Request(prompt=PROMPT, max_new_tokens=16, block_size=8, diffusion_steps=3,
+                                      confidence_threshold=1.0))
     lossy = engine.generate(Request(prompt=PROMPT, max_new_tokens=30, block_size=4, acceptance_threshold=0.05))
     return {"mixed": mixed.events, "baseline": base.events, "denoise": denoise.events, "lossy": lossy.events}
 

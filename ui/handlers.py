@@ -25,6 +25,8 @@ from dflash.engine import Engine
 from dflash.errors import BusyError, DFlashError, ValidationError
 from dflash.request import Request
 from ui import plots, render
+from ui.render_inspector import inspector_html
+from ui.render_stats import comparison, stats_html
 from ui.engines import EngineProvider
 from ui.exports import history_row, history_table, write_exports
 from ui.replay import Trace, TraceError, bundled_traces, events_at, frame_label, frames, load_trace_file
@@ -51,7 +53,7 @@ def defaults(block_size: int = 16) -> dict[str, Any]:
     """Reset-to-defaults values: the paper's setting (one pass, exact verification, greedy)."""
     return {"prompt": "", "preset": "default", "block_size": block_size, "steps": 1, "confidence": 0.9, "acceptance": 1.0,
             "adaptive": "fixed", "min_block": 2, "max_block": block_size, "temperature": 0.0, "top_p": 1.0,
-            "max_new_tokens": 64, "seed": 0, "show_rejected": True, "step_mode": False}
+            "max_new_tokens": 64, "seed": 0, "show_rejected": False, "step_mode": False}
 
 
 def _whole(value: Any) -> Any:
@@ -89,7 +91,7 @@ def hardware(engine: Engine) -> str:
 def view(events: list, show_rejected: bool = True, block: int | None = None, baseline: list | None = None,
          compare: dict | None = None, hw: str = "", charts: bool = True) -> dict[str, Any]:
     out = {"legend": render.token_header_html(events, show_rejected), "tokens": render.token_stream_html(events, show_rejected),
-           "inspector": render.inspector_html(events, block), "stats": render.stats_html(events, compare, hw)}
+           "inspector": inspector_html(events, block), "stats": stats_html(events, compare, hw)}
     if charts:
         figs = plots.all_figures(events, baseline)
         out.update(block_length=figs["block_length"], histogram=figs["histogram"], positions=figs["positions"],
@@ -100,9 +102,9 @@ def view(events: list, show_rejected: bool = True, block: int | None = None, bas
 def live_status(events: list, what: str = "Generating") -> str:
     commits = [e for e in events if isinstance(e, ev.Commit)]
     if not commits:
-        return f"⏳ {what}: reading the prompt…"
+        return f"{what}: reading the prompt…"
     blocks = [e for e in events if isinstance(e, ev.Verify)]
-    return f"⏳ {what}: {commits[-1].n_out} tokens, {len(blocks)} verify steps…"
+    return f"{what}: {commits[-1].n_out} tokens, {len(blocks)} verify steps…"
 
 
 def final_status(events: list) -> str:
@@ -147,7 +149,7 @@ class Playground:
         if cancel is None:
             return "Nothing is running."
         cancel.set()
-        return "⏹ Stopping after the current step…"
+        return "Stopping after the current step…"
 
     # -- requests ----------------------------------------------------------------------------------------------
     def make_request(self, values: dict[str, Any], engine: Engine) -> Request:
@@ -227,7 +229,9 @@ class Playground:
         idx = frames(events)
         frame = 0 if step_mode else len(idx) - 1
         shown = events_at(events, frame)
-        status = final_status(events) + (" · Step mode: press **Next ▶** (Replay tab) to walk through it." if step_mode else "")
+        status = final_status(events)
+        if step_mode:
+            status += " · Step mode: press **Next ▶** (Replay tab) to walk through it."
         yield {**view(shown, show_rejected, hw=hw), "status": status,
                "trace": trace_state(trace, source="run", preset=preset, run_id=run_id, hardware=hw),
                "history": history, "history_table": history_table(history),
@@ -244,7 +248,8 @@ class Playground:
     def compare(self, state: dict | None, history: list | None, show_rejected: bool, session: str) -> Iterator[dict[str, Any]]:
         trace = trace_from_state(state)
         if trace is None or state.get("source") != "run":
-            raise ValidationError("compare", "needs a run from this session: press Generate first (a loaded trace has no live model)")
+            raise ValidationError("compare", "needs a run from this session: press Generate first "
+                                             "(a loaded trace has no live model)")
         st = render.started(trace.events)
         fin = render.finished(trace.events)
         if st is None or fin is None:
@@ -278,7 +283,7 @@ class Playground:
         if bfin is None or bfin.reason in ("cancelled", "timeout", "error"):
             yield {"status": f"Baseline {bfin.reason if bfin else 'stopped'}: {render.finish_words(bfin)} Nothing compared."}
             return
-        comp = render.comparison(trace.events, base)
+        comp = comparison(trace.events, base)
         trace.baseline = base
         run_id = state.get("run_id", 0)
         history = [dict(r) for r in history or []]
@@ -287,11 +292,12 @@ class Playground:
                 r.update({"baseline tok/s": round(comp["baseline_tokens_per_s"], 2), "speedup": round(comp["speedup"], 2),
                           "identical": "✓" if comp["identical"] else f"✗ at {comp['first_diff']}"})
         same = "identical ✓" if comp["identical"] else f"different ✗ (first difference at token {comp['first_diff']})"
-        yield {"stats": render.stats_html(trace.events, comp, state.get("hardware", "")),
+        yield {"stats": stats_html(trace.events, comp, state.get("hardware", "")),
                "throughput": plots.throughput_figure(trace.events, base),
                "status": f"**Compared with autoregressive:** baseline {comp['baseline_tokens_per_s']:.1f} tok/s, "
                          f"speedup {comp['speedup']:.2f}×, outputs {same}.",
-               "trace": trace_state(trace, **{k: v for k, v in state.items() if k not in ("events", "meta", "baseline")}, compare=comp),
+               "trace": trace_state(trace, **{k: v for k, v in state.items() if k not in ("events", "meta", "baseline")},
+                                    compare=comp),
                "history": history, "history_table": history_table(history), **self.exports(trace, history, run_id)}
 
     # -- replay ------------------------------------------------------------------------------------------------
@@ -308,7 +314,7 @@ class Playground:
 
     def _loaded(self, trace: Trace, source: str, show_rejected: bool) -> dict[str, Any]:
         idx = frames(trace.events)
-        comp = render.comparison(trace.events, trace.baseline) if trace.baseline else None
+        comp = comparison(trace.events, trace.baseline) if trace.baseline else None
         hw = str(trace.meta.get("hardware", ""))
         title = str(trace.meta.get("title", "trace"))
         note = str(trace.meta.get("note", ""))

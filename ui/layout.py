@@ -70,7 +70,8 @@ def build_demo(engines: EngineProvider | Mapping[str, Engine] | Loader | None = 
     from gradio.utils import get_upload_folder
 
     pg = Playground(provider, settings, export_root=get_upload_folder())
-    default_engine = provider.loaded("default") or next((provider.loaded(p) for p in provider.presets if provider.loaded(p)), None)
+    loaded = [e for e in (provider.loaded(p) for p in ["default", *provider.presets]) if e is not None]
+    default_engine = loaded[0] if loaded else None
     trained = (default_engine.trained_block_size if default_engine is not None else None) or 16
     d = defaults(trained)
     presets = provider.presets
@@ -112,9 +113,11 @@ def build_demo(engines: EngineProvider | Mapping[str, Engine] | Loader | None = 
                 with gr.Accordion("Adaptive block length (extension)", open=False):
                     adaptive = gr.Radio(["fixed", "slow-start", "cost"], value=d["adaptive"], label="Policy",
                                         info=text.INFO["adaptive"], elem_id="adaptive")
-                    min_block = gr.Slider(1, 64, value=d["min_block"], step=1, label="Min block size", info=text.INFO["min_block"],
+                    min_block = gr.Slider(1, 64, value=d["min_block"], step=1, label="Min block size",
+                                          info=text.INFO["min_block"],
                                           buttons=["reset"], elem_id="min-block")
-                    max_block = gr.Slider(1, 64, value=d["max_block"], step=1, label="Max block size", info=text.INFO["max_block"],
+                    max_block = gr.Slider(1, 64, value=d["max_block"], step=1, label="Max block size",
+                                          info=text.INFO["max_block"],
                                           buttons=["reset"], elem_id="max-block")
                 with gr.Accordion("Sampling and length", open=False):
                     temperature = gr.Slider(0.0, 2.0, value=d["temperature"], step=0.05, label="Temperature",

@@ -114,7 +114,8 @@ def acceptance_histogram_figure(events: list) -> go.Figure:
     else:
         notes.append(_note("no verify steps yet"))
     dtick = 1 if bmax <= 16 else 2
-    return _figure(data, "Acceptance length (bonus token counted)", _axis("tokens committed per step", [0.4, bmax + 0.6], dtick=dtick),
+    return _figure(data, "Acceptance length (bonus token counted)",
+                   _axis("tokens committed per step", [0.4, bmax + 0.6], dtick=dtick),
                    _axis("share of steps", [0, 1.05], tickformat=".0%"), shapes, notes)
 
 
@@ -149,7 +150,8 @@ def per_position_figure(events: list) -> go.Figure:
         st = started(events)
         notes.append(_note("no drafted positions (no draft)" if st is not None and not st.has_draft else "no blocks yet"))
     bmax = ks[-1] + 1
-    return _figure(data, "Acceptance by draft position", _axis("draft position in the block", [0.4, bmax - 0.4], dtick=1 if bmax <= 16 else 2),
+    return _figure(data, "Acceptance by draft position",
+                   _axis("draft position in the block", [0.4, bmax - 0.4], dtick=1 if bmax <= 16 else 2),
                    _axis("acceptance", [0, 1.05], tickformat=".0%"), annotations=notes)
 
 

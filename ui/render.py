@@ -1,4 +1,5 @@
-"""Pure render functions: engine events → HTML for the token stream, the block inspector and the statistics.
+"""Pure render functions: engine events → HTML for the token stream (the block inspector and the statistics
+panel are in render_inspector.py and render_stats.py), plus the event helpers they share.
 
 Nothing here touches a model or Gradio: every function takes a list of `dflash.events` objects (a live run or
 a loaded trace, possibly cut at a replay frame) and returns a string, so a trace replays exactly as it ran.
@@ -159,7 +160,8 @@ def _token_title(cls: str, block: int, pos: int, conf: float, v: ev.Verify | Non
         return f"{head} · draft position {i + 1} · accepted draft token · draft confidence {conf:.2f} · {verdict}"
     if cls == "correction":
         proposed = quoted(v.draft_texts[i]) if i < len(v.draft_texts) else "?"
-        return f"{head} · draft position {i + 1} · target's correction: the draft proposed {proposed}, the target chose {quoted(text)}"
+        return (f"{head} · draft position {i + 1} · target's correction: the draft proposed {proposed}, "
+                f"the target chose {quoted(text)}")
     return f"{head} · bonus token: all {len(v.draft_tokens)} drafted tokens accepted, the target adds {quoted(text)}"
 
 
@@ -215,195 +217,9 @@ def finish_words(fin: ev.Finished | None) -> str:
     return f"Finished ({fin.reason}): {words}{extra}."
 
 
-# -- block inspector -------------------------------------------------------------------------------------------
-def block_summary(info: BlockInfo) -> str:
-    """One plain sentence per block (also read out by screen readers)."""
-    v = info.verify
-    if info.block == 0:
-        return "Block 0: the prompt's prefill; the target picks the first token itself."
-    if v is None:
-        n = len(info.steps)
-        return f"Block {info.block}: drafting (denoising step {n} of {info.steps[-1].n_steps})…" if n else f"Block {info.block}: starting…"
-    drafted = len(v.draft_tokens)
-    if drafted == 0:
-        return f"Block {info.block}: no draft — the target decodes one token ({quoted(v.target_texts[0]) if v.target_texts else ''})."
-    a = v.accepted_len
-    if a == drafted:
-        return f"Block {info.block}: all {drafted} drafted tokens accepted, +1 bonus token {quoted(v.target_texts[-1])} → {a + 1} tokens."
-    return (f"Block {info.block}: {a} of {drafted} drafted tokens accepted; rejected at position {a + 1} "
-            f"(draft {quoted(v.draft_texts[a])}, target {quoted(v.target_texts[a])}) → {a + 1} tokens.")
-
-
-def _conf_style(conf: float) -> str:
-    c = min(max(conf, 0.0), 1.0)
-    return f' style="background-color: rgba(0,114,178,{0.06 + 0.5 * c:.2f})"'
-
-
-def _cell(text: str, conf: float | None, cls: str, title: str) -> str:
-    conf_txt = f'<small class="conf">{conf:.2f}</small>' if conf is not None else ""
-    style = _conf_style(conf) if conf is not None and cls not in ("cell-mask",) else ""
-    return f'<td class="{cls}" title="{attr(title)}"{style}><span class="ct">{show_text(text, False)}</span>{conf_txt}</td>'
-
-
-def inspector_grid(info: BlockInfo) -> list[list[dict]]:
-    """The grid as data (rows of cells), for tests and for the HTML: one row per denoising step, then the
-    verification row. Cell keys: kind ∈ {anchor, mask, new, old, ok, bad, skip, next}, text, conf."""
-    rows: list[list[dict]] = []
-    for s in info.steps:
-        row = []
-        for i, (tid, text, conf, masked, committed) in enumerate(zip(s.tokens, s.token_texts, s.confidences, s.masked, s.committed)):
-            kind = "anchor" if i == 0 else "mask" if masked else "new" if committed else "old"
-            row.append({"kind": kind, "text": text, "conf": conf, "pos": i})
-        rows.append(row)
-    v = info.verify
-    if v is not None:
-        row = [{"kind": "anchor", "text": "", "conf": None, "pos": 0}]
-        for i, tok in enumerate(v.draft_texts):
-            if i < v.accepted_len:
-                row.append({"kind": "ok", "text": tok, "conf": None, "pos": i + 1})
-            elif i == v.accepted_len:
-                row.append({"kind": "bad", "text": v.target_texts[i], "conf": None, "pos": i + 1, "draft": tok})
-            else:
-                row.append({"kind": "skip", "text": tok, "conf": None, "pos": i + 1})
-        rows.append(row)
-    return rows
-
-
-def inspector_html(events: list, block: int | None = None) -> str:
-    """Grid of denoising steps × block positions for `block` (None or missing: the latest block)."""
-    blocks = group_blocks(events)
-    if not blocks:
-        return '<div class="dfl-insp"><p class="dfl-placeholder">The block inspector shows each draft block here: denoising steps × positions, then the target\'s verdict.</p></div>'
-    info = blocks.get(block) if block else None
-    if info is None:
-        info = blocks[max(blocks)]
-    summary = f'<p class="insp-summary" aria-live="polite">{attr(block_summary(info))}</p>'
-    size = info.size
-    ctrl = f'<p class="insp-ctrl">Controller: block size {size.size} — {attr(size.reason)}</p>' if size else ""
-    if info.block == 0 or (info.verify is None and not info.steps):
-        return f'<div class="dfl-insp">{summary}{ctrl}</div>'
-    grid = inspector_grid(info)
-    width = max(len(r) for r in grid)
-    start = info.steps[0].start if info.steps else (info.verify.start if info.verify else 0)
-    head = "".join(f'<th scope="col" title="absolute position {start + i}">{"anchor" if i == 0 else i}</th>' for i in range(width))
-    rows_html = []
-    for r, row in enumerate(grid):
-        is_verify = info.verify is not None and r == len(grid) - 1
-        if is_verify:
-            label = "verify"
-        else:
-            s = info.steps[r]
-            label = f"step {s.step + 1}/{s.n_steps}"
-        cells = []
-        for c in row:
-            k = c["kind"]
-            if k == "anchor":
-                cells.append(_cell("·" if is_verify else c["text"], None, "cell-anchor", "anchor: the last committed token (not drafted)"))
-            elif k == "mask":
-                tip = f"still MASK after this step; current best guess {quoted(c['text'])} ({c['conf']:.2f})"
-                cells.append(f'<td class="cell-mask" title="{attr(tip)}"><span class="ct">MASK</span>'
-                             f'<small class="conf">{c["conf"]:.2f}</small></td>')
-            elif k == "new":
-                cells.append(_cell(c["text"], c["conf"], "cell-new", f"committed at this step (confidence {c['conf']:.2f})"))
-            elif k == "old":
-                cells.append(_cell(c["text"], c["conf"], "cell-old", f"committed at an earlier step (confidence {c['conf']:.2f})"))
-            elif k == "ok":
-                cells.append(f'<td class="v-ok" title="accepted: the target agrees"><span class="glyph">✓</span></td>')
-            elif k == "bad":
-                tip = f"rejected: draft {quoted(c['draft'])}, the target chose {quoted(c['text'])}"
-                cells.append(f'<td class="v-bad" title="{attr(tip)}"><span class="glyph">✗</span> '
-                             f'<span class="ct">{show_text(c["text"], False)}</span></td>')
-            else:
-                cells.append('<td class="v-skip" title="not counted: after the first rejection">–</td>')
-        rows_html.append(f'<tr class="{"row-verify" if is_verify else "row-step"}"><th scope="row">{label}</th>{"".join(cells)}</tr>')
-    nxt = ""
-    if info.verify is not None and info.verify.draft_tokens:
-        v = info.verify
-        word = "bonus" if v.accepted_len == len(v.draft_tokens) else "correction"
-        nxt = (f'<p class="insp-next">Target adds: <span class="tok tok-{word}">{show_text(v.target_texts[v.accepted_len], False)}</span> '
-               f'({word}) · draft {v.draft_ms:.0f} ms · verify {v.verify_ms:.0f} ms</p>')
-    elif info.verify is not None:
-        nxt = f'<p class="insp-next">verify {info.verify.verify_ms:.0f} ms (one target forward)</p>'
-    table = (f'<div class="insp-scroll"><table class="insp" aria-label="Block {info.block}: denoising steps by position">'
-             f'<thead><tr><th scope="col">block {info.block}</th>{head}</tr></thead><tbody>{"".join(rows_html)}</tbody></table></div>')
-    key = ('<p class="insp-key">Cells: shading = draft confidence · <span class="key-new">outlined ●</span> committed at this step · '
-           '<span class="key-mask">hatched MASK</span> still masked · ✓ accepted · ✗ first rejection (with the target\'s token) · – not counted</p>')
-    return f'<div class="dfl-insp">{summary}{ctrl}{table}{nxt}{key}</div>'
-
-
-# -- statistics --------------------------------------------------------------------------------------------------
-def comparison(run_events: list, base_events: list) -> dict:
-    """Baseline vs run: tok/s, speedup, and whether the outputs are identical (first differing position)."""
-    from dflash.stats import compute_stats
-
-    run_ids = _output_ids(run_events)
-    base_ids = _output_ids(base_events)
-    rs, bs = _stats(run_events, compute_stats), _stats(base_events, compute_stats)
-    n = min(len(run_ids), len(base_ids))
-    first_diff = next((i for i in range(n) if run_ids[i] != base_ids[i]), None)
-    if first_diff is None and len(run_ids) != len(base_ids):
-        first_diff = n
-    speed = rs["tokens_per_s"] / bs["tokens_per_s"] if bs["tokens_per_s"] > 0 else 0.0
-    return {"baseline_tokens_per_s": bs["tokens_per_s"], "run_tokens_per_s": rs["tokens_per_s"], "speedup": speed,
-            "identical": first_diff is None, "first_diff": first_diff, "n_compared": n,
-            "baseline_ttft_ms": bs["ttft_ms"], "lossy": rs["lossy"]}
-
-
-def _output_ids(events: list) -> list[int]:
-    fin = finished(events)
-    if fin is not None:
-        return list(fin.output_ids)
-    return [t for e in events if isinstance(e, ev.Commit) for t in e.token_ids]
-
-
-def _stats(events: list, compute) -> dict:
-    fin = finished(events)
-    return fin.stats if fin is not None and fin.stats else compute(events)
-
-
 def run_stats(events: list) -> dict:
+    """The run's statistics: Finished.stats when the run is over, else computed from the events so far."""
     from dflash.stats import compute_stats
 
-    return _stats(events, compute_stats)
-
-
-def stats_html(events: list, compare: dict | None = None, hardware: str = "") -> str:
-    if not events:
-        return '<div class="dfl-stats"><p class="dfl-placeholder">Statistics appear here while a run streams.</p></div>'
-    s = run_stats(events)
-    st = started(events)
-    draft_share = s["draft_share"] * 100
-    items = [
-        ("τ (tokens per target step)", f"{s['tau']:.2f}", "Mean tokens committed per verify step, bonus/correction token included. 1.00 = no gain."),
-        ("tokens / s", f"{s['tokens_per_s']:.1f}", "Decode speed after the first token."),
-        ("time to first token", f"{s['ttft_ms']:.0f} ms", "Prompt prefill + the first token."),
-        ("draft / verify time", f"{draft_share:.0f}% / {100 - draft_share:.0f}%" if s["verify_ms"] else "–",
-         f"draft {s['draft_ms']:.0f} ms, verify {s['verify_ms']:.0f} ms in total"),
-        ("output tokens", f"{s['n_output_tokens']}", f"{s['n_verify']} target verify steps, prompt {s['n_prompt_tokens']} tokens"),
-    ]
-    cells = "".join(f'<div class="stat" title="{attr(h)}"><div class="k">{attr(k)}</div><div class="v">{attr(v)}</div></div>'
-                    for k, v, h in items)
-    badges = []
-    if st is not None and not st.has_draft:
-        badges.append('<span class="badge badge-info">no draft: autoregressive baseline</span>')
-    if s.get("lossy"):
-        badges.append(f'<span class="badge badge-lossy">⚠ LOSSY (acceptance threshold &lt; 1): {s["drift_tokens"]} tokens accepted '
-                      f'that the target would not have chosen</span>')
     fin = finished(events)
-    if fin is not None:
-        badges.append(f'<span class="badge">{attr(fin.reason)}</span>')
-    comp = ""
-    if compare:
-        ok = compare["identical"]
-        same = ("✓ identical to the target's own output" if ok else
-                f"✗ differs from the target's own output at token {compare['first_diff']}")
-        comp = (f'<div class="stat-compare" id="compare-result">'
-                f'<div class="stat"><div class="k">baseline tokens / s</div><div class="v">{compare["baseline_tokens_per_s"]:.1f}</div></div>'
-                f'<div class="stat"><div class="k">speedup</div><div class="v">{compare["speedup"]:.2f}×</div></div>'
-                f'<div class="stat"><div class="k">outputs</div><div class="v {"same" if ok else "diff"}">{attr(same)}</div></div>'
-                f'<p class="cmp-note">Baseline = the same engine without a draft (one token per target step), same prompt and '
-                f'settings, {compare["n_compared"]} tokens compared.</p></div>')
-    hw = f'<p class="hw">{attr(hardware)}</p>' if hardware else ""
-    data = (f'<span hidden class="stats-data" data-tau="{s["tau"]:.4f}" data-n-out="{s["n_output_tokens"]}" '
-            f'data-n-verify="{s["n_verify"]}" data-reason="{attr(fin.reason if fin else "running")}"></span>')
-    return f'<div class="dfl-stats"><div class="stat-grid">{cells}</div><div class="badges">{"".join(badges)}</div>{comp}{hw}{data}</div>'
+    return fin.stats if fin is not None and fin.stats else compute_stats(events)

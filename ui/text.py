@@ -16,14 +16,19 @@ EXAMPLES = [
 INFO = {
     "prompt": "Your message to the model (its chat template is applied). At most 32,000 characters.",
     "preset": "Model pair from the registry. The large presets need a GPU and access to the Hugging Face hub.",
-    "block_size": "Tokens per verify step: the last committed token + (block size − 1) drafted ones. At most the draft's trained size.",
-    "steps": "Denoising passes per block (our extension). 1 = the paper's single pass; more passes unmask the most confident positions first.",
+    "block_size": ("Tokens per verify step: the last committed token + (block size − 1) drafted ones. At most the draft's "
+                   "trained size."),
+    "steps": ("Denoising passes per block (our extension). 1 = the paper's single pass; more passes unmask the most "
+              "confident positions first."),
     "confidence": "With steps > 1: commit every position at least this confident at each pass (at least one per pass).",
-    "acceptance": "1.0 = exact: keep a draft token only if it is the target's own choice (lossless). Below 1.0 = LOSSY: accept tokens within this fraction of the target's top probability.",
-    "adaptive": "How the next block size is chosen: fixed; slow-start (grow ×2 after a fully accepted block, halve after an early rejection); cost (maximise expected tokens per second).",
+    "acceptance": ("1.0 = exact: keep a draft token only if it is the target's own choice (lossless). Below 1.0 = LOSSY: "
+                   "accept tokens within this fraction of the target's top probability."),
+    "adaptive": ("How the next block size is chosen: fixed; slow-start (grow ×2 after a fully accepted block, halve after "
+                 "an early rejection); cost (maximise expected tokens per second)."),
     "min_block": "Smallest block an adaptive policy may choose.",
     "max_block": "Largest block an adaptive policy may choose (and the cap for the block size).",
-    "temperature": "0 = greedy (deterministic). Above 0 the target samples with per-position seeded noise, so DFlash and the baseline still match.",
+    "temperature": ("0 = greedy (deterministic). Above 0 the target samples with per-position seeded noise, so DFlash and "
+                    "the baseline still match."),
     "top_p": "Nucleus sampling: keep the smallest set of tokens whose probability adds up to this (used when temperature > 0).",
     "max_new_tokens": "Upper limit on the answer's length in tokens.",
     "seed": "Seed of the sampling noise (same seed → same tokens).",

@@ -1,0 +1,136 @@
+"""Pure render function for the block inspector: one block's denoising steps × positions, then the verdict.
+
+Cells show the draft's token and confidence (shading) or MASK (hatched), the positions committed at each step
+(outlined, ●), and the verification row (✓ accepted, ✗ the first rejection with the target's token, – after).
+"""
+
+from __future__ import annotations
+
+from ui.render import BlockInfo, attr, group_blocks, quoted, show_text
+
+
+def block_summary(info: BlockInfo) -> str:
+    """One plain sentence per block (also read out by screen readers)."""
+    v = info.verify
+    if info.block == 0:
+        return "Block 0: the prompt's prefill; the target picks the first token itself."
+    if v is None:
+        n = len(info.steps)
+        if not n:
+            return f"Block {info.block}: starting…"
+        return f"Block {info.block}: drafting (denoising step {n} of {info.steps[-1].n_steps})…"
+    drafted = len(v.draft_tokens)
+    if drafted == 0:
+        token = quoted(v.target_texts[0]) if v.target_texts else ""
+        return f"Block {info.block}: no draft — the target decodes one token ({token})."
+    a = v.accepted_len
+    if a == drafted:
+        return (f"Block {info.block}: all {drafted} drafted tokens accepted, +1 bonus token {quoted(v.target_texts[-1])} "
+                f"→ {a + 1} tokens.")
+    return (f"Block {info.block}: {a} of {drafted} drafted tokens accepted; rejected at position {a + 1} "
+            f"(draft {quoted(v.draft_texts[a])}, target {quoted(v.target_texts[a])}) → {a + 1} tokens.")
+
+
+def _conf_style(conf: float) -> str:
+    c = min(max(conf, 0.0), 1.0)
+    return f' style="background-color: rgba(0,114,178,{0.06 + 0.5 * c:.2f})"'
+
+
+def _cell(text: str, conf: float | None, cls: str, title: str) -> str:
+    conf_txt = f'<small class="conf">{conf:.2f}</small>' if conf is not None else ""
+    style = _conf_style(conf) if conf is not None and cls not in ("cell-mask",) else ""
+    return f'<td class="{cls}" title="{attr(title)}"{style}><span class="ct">{show_text(text, False)}</span>{conf_txt}</td>'
+
+
+def inspector_grid(info: BlockInfo) -> list[list[dict]]:
+    """The grid as data (rows of cells), for tests and for the HTML: one row per denoising step, then the
+    verification row. Cell keys: kind ∈ {anchor, mask, new, old, ok, bad, skip, next}, text, conf."""
+    rows: list[list[dict]] = []
+    for s in info.steps:
+        row = []
+        for i, (text, conf, masked, committed) in enumerate(zip(s.token_texts, s.confidences, s.masked, s.committed)):
+            kind = "anchor" if i == 0 else "mask" if masked else "new" if committed else "old"
+            row.append({"kind": kind, "text": text, "conf": conf, "pos": i})
+        rows.append(row)
+    v = info.verify
+    if v is not None:
+        row = [{"kind": "anchor", "text": "", "conf": None, "pos": 0}]
+        for i, tok in enumerate(v.draft_texts):
+            if i < v.accepted_len:
+                row.append({"kind": "ok", "text": tok, "conf": None, "pos": i + 1})
+            elif i == v.accepted_len:
+                row.append({"kind": "bad", "text": v.target_texts[i], "conf": None, "pos": i + 1, "draft": tok})
+            else:
+                row.append({"kind": "skip", "text": tok, "conf": None, "pos": i + 1})
+        rows.append(row)
+    return rows
+
+
+def inspector_html(events: list, block: int | None = None) -> str:
+    """Grid of denoising steps × block positions for `block` (None or missing: the latest block)."""
+    blocks = group_blocks(events)
+    if not blocks:
+        return ('<div class="dfl-insp"><p class="dfl-placeholder">The block inspector shows each draft block here: '
+                'denoising steps × positions, then the target\'s verdict.</p></div>')
+    info = blocks.get(block) if block else None
+    if info is None:
+        info = blocks[max(blocks)]
+    summary = f'<p class="insp-summary" aria-live="polite">{attr(block_summary(info))}</p>'
+    size = info.size
+    ctrl = f'<p class="insp-ctrl">Controller: block size {size.size} — {attr(size.reason)}</p>' if size else ""
+    if info.block == 0 or (info.verify is None and not info.steps):
+        return f'<div class="dfl-insp">{summary}{ctrl}</div>'
+    grid = inspector_grid(info)
+    width = max(len(r) for r in grid)
+    start = info.steps[0].start if info.steps else (info.verify.start if info.verify else 0)
+    head = "".join(f'<th scope="col" title="absolute position {start + i}">{"anchor" if i == 0 else i}</th>'
+                   for i in range(width))
+    rows_html = []
+    for r, row in enumerate(grid):
+        is_verify = info.verify is not None and r == len(grid) - 1
+        if is_verify:
+            label = "verify"
+        else:
+            s = info.steps[r]
+            label = f"step {s.step + 1}/{s.n_steps}"
+        cells = []
+        for c in row:
+            k = c["kind"]
+            if k == "anchor":
+                cells.append(_cell("·" if is_verify else c["text"], None, "cell-anchor",
+                                   "anchor: the last committed token (not drafted)"))
+            elif k == "mask":
+                tip = f"still MASK after this step; current best guess {quoted(c['text'])} ({c['conf']:.2f})"
+                cells.append(f'<td class="cell-mask" title="{attr(tip)}"><span class="ct">MASK</span>'
+                             f'<small class="conf">{c["conf"]:.2f}</small></td>')
+            elif k == "new":
+                cells.append(_cell(c["text"], c["conf"], "cell-new", f"committed at this step (confidence {c['conf']:.2f})"))
+            elif k == "old":
+                cells.append(_cell(c["text"], c["conf"], "cell-old",
+                                   f"committed at an earlier step (confidence {c['conf']:.2f})"))
+            elif k == "ok":
+                cells.append(f'<td class="v-ok" title="accepted: the target agrees"><span class="glyph">✓</span></td>')
+            elif k == "bad":
+                tip = f"rejected: draft {quoted(c['draft'])}, the target chose {quoted(c['text'])}"
+                cells.append(f'<td class="v-bad" title="{attr(tip)}"><span class="glyph">✗</span> '
+                             f'<span class="ct">{show_text(c["text"], False)}</span></td>')
+            else:
+                cells.append('<td class="v-skip" title="not counted: after the first rejection">–</td>')
+        row_cls = "row-verify" if is_verify else "row-step"
+        rows_html.append(f'<tr class="{row_cls}"><th scope="row">{label}</th>{"".join(cells)}</tr>')
+    nxt = ""
+    if info.verify is not None and info.verify.draft_tokens:
+        v = info.verify
+        word = "bonus" if v.accepted_len == len(v.draft_tokens) else "correction"
+        added = show_text(v.target_texts[v.accepted_len], False)
+        nxt = (f'<p class="insp-next">Target adds: <span class="tok tok-{word}">{added}</span> '
+               f'({word}) · draft {v.draft_ms:.0f} ms · verify {v.verify_ms:.0f} ms</p>')
+    elif info.verify is not None:
+        nxt = f'<p class="insp-next">verify {info.verify.verify_ms:.0f} ms (one target forward)</p>'
+    table = (f'<div class="insp-scroll"><table class="insp" aria-label="Block {info.block}: denoising steps by position">'
+             f'<thead><tr><th scope="col">block {info.block}</th>{head}</tr></thead>'
+             f'<tbody>{"".join(rows_html)}</tbody></table></div>')
+    key = ('<p class="insp-key">Cells: shading = draft confidence · <span class="key-new">outlined ●</span> committed at '
+           'this step · <span class="key-mask">hatched MASK</span> still masked · ✓ accepted · ✗ first rejection (with '
+           'the target\'s token) · – not counted</p>')
+    return f'<div class="dfl-insp">{summary}{ctrl}{table}{nxt}{key}</div>'

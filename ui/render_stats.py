@@ -1,0 +1,77 @@
+"""Pure render functions for the statistics panel and the comparison with the autoregressive baseline."""
+
+from __future__ import annotations
+
+from dflash import events as ev
+from ui.render import attr, finished, run_stats, started
+
+
+def comparison(run_events: list, base_events: list) -> dict:
+    """Baseline vs run: tok/s, speedup, and whether the outputs are identical (first differing position)."""
+    run_ids, base_ids = _output_ids(run_events), _output_ids(base_events)
+    rs, bs = run_stats(run_events), run_stats(base_events)
+    n = min(len(run_ids), len(base_ids))
+    first_diff = next((i for i in range(n) if run_ids[i] != base_ids[i]), None)
+    if first_diff is None and len(run_ids) != len(base_ids):
+        first_diff = n
+    speed = rs["tokens_per_s"] / bs["tokens_per_s"] if bs["tokens_per_s"] > 0 else 0.0
+    return {"baseline_tokens_per_s": bs["tokens_per_s"], "run_tokens_per_s": rs["tokens_per_s"], "speedup": speed,
+            "identical": first_diff is None, "first_diff": first_diff, "n_compared": n,
+            "baseline_ttft_ms": bs["ttft_ms"], "lossy": rs["lossy"]}
+
+
+def _output_ids(events: list) -> list[int]:
+    fin = finished(events)
+    if fin is not None:
+        return list(fin.output_ids)
+    return [t for e in events if isinstance(e, ev.Commit) for t in e.token_ids]
+
+
+def stats_html(events: list, compare: dict | None = None, hardware: str = "") -> str:
+    if not events:
+        return '<div class="dfl-stats"><p class="dfl-placeholder">Statistics appear here while a run streams.</p></div>'
+    s = run_stats(events)
+    st = started(events)
+    draft_share = s["draft_share"] * 100
+    items = [
+        ("τ (tokens per target step)", f"{s['tau']:.2f}",
+         "Mean tokens committed per verify step, bonus/correction token included. 1.00 = no gain."),
+        ("tokens / s", f"{s['tokens_per_s']:.1f}", "Decode speed after the first token."),
+        ("time to first token", f"{s['ttft_ms']:.0f} ms", "Prompt prefill + the first token."),
+        ("draft / verify time", f"{draft_share:.0f}% / {100 - draft_share:.0f}%" if s["verify_ms"] else "–",
+         f"draft {s['draft_ms']:.0f} ms, verify {s['verify_ms']:.0f} ms in total"),
+        ("output tokens", f"{s['n_output_tokens']}",
+         f"{s['n_verify']} target verify steps, prompt {s['n_prompt_tokens']} tokens"),
+    ]
+    cells = "".join(f'<div class="stat" title="{attr(h)}"><div class="k">{attr(k)}</div><div class="v">{attr(v)}</div></div>'
+                    for k, v, h in items)
+    badges = []
+    if st is not None and not st.has_draft:
+        badges.append('<span class="badge badge-info">no draft: autoregressive baseline</span>')
+    if s.get("lossy"):
+        badges.append(f'<span class="badge badge-lossy">⚠ LOSSY (acceptance threshold &lt; 1): {s["drift_tokens"]} '
+                      f'tokens accepted that the target would not have chosen</span>')
+    fin = finished(events)
+    if fin is not None:
+        badges.append(f'<span class="badge">{attr(fin.reason)}</span>')
+    comp = ""
+    if compare:
+        ok = compare["identical"]
+        same = ("✓ identical to the target's own output" if ok else
+                f"✗ differs from the target's own output at token {compare['first_diff']}")
+        comp = (f'<div class="stat-compare" id="compare-result">'
+                + _stat("baseline tokens / s", f"{compare['baseline_tokens_per_s']:.1f}")
+                + _stat("speedup", f"{compare['speedup']:.2f}×") +
+                f'<div class="stat"><div class="k">outputs</div>'
+                f'<div class="v {"same" if ok else "diff"}">{attr(same)}</div></div>'
+                f'<p class="cmp-note">Baseline = the same engine without a draft (one token per target step), same prompt and '
+                f'settings, {compare["n_compared"]} tokens compared.</p></div>')
+    hw = f'<p class="hw">{attr(hardware)}</p>' if hardware else ""
+    data = (f'<span hidden class="stats-data" data-tau="{s["tau"]:.4f}" data-n-out="{s["n_output_tokens"]}" '
+            f'data-n-verify="{s["n_verify"]}" data-reason="{attr(fin.reason if fin else "running")}"></span>')
+    return (f'<div class="dfl-stats"><div class="stat-grid">{cells}</div><div class="badges">{"".join(badges)}</div>'
+            f'{comp}{hw}{data}</div>')
+
+
+def _stat(key: str, value: str) -> str:
+    return f'<div class="stat"><div class="k">{attr(key)}</div><div class="v">{attr(value)}</div></div>'
