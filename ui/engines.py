@@ -14,7 +14,7 @@ from typing import Callable, Mapping
 from dflash.engine import Engine
 from dflash.errors import ModelLoadError
 from dflash.registry import PRESETS, get_preset
-from ui.text import NO_DRAFT_NOTICE
+from ui.text import NO_DRAFT_NOTICE, WEAK_DRAFT_NOTICE
 
 log = logging.getLogger("dflash.ui")
 
@@ -34,7 +34,7 @@ def load_preset(name: str) -> tuple[Engine, str]:
         engine, _ = load_engine(name, no_draft=True)
         return engine, NO_DRAFT_NOTICE
     engine, _ = load_engine(name)
-    return engine, ""
+    return engine, (WEAK_DRAFT_NOTICE if name == "default" else "")
 
 
 class EngineProvider:

@@ -24,6 +24,7 @@ from dflash import events as ev
 from dflash.engine import Engine
 from dflash.errors import BusyError, DFlashError, ValidationError
 from dflash.request import Request
+from dflash.zerogpu import duration_for, gpu_decorator, zero_gpu
 from ui import plots, render
 from ui.render_inspector import inspector_html
 from ui.render_stats import comparison, stats_html
@@ -37,6 +38,14 @@ VIEW_KEYS = ("legend", "tokens", "inspector", "block_length", "histogram", "posi
 
 CONTROL_KEYS = ("prompt", "preset", "block_size", "steps", "confidence", "acceptance", "adaptive", "min_block",
                 "max_block", "temperature", "top_p", "max_new_tokens", "seed", "show_rejected", "step_mode")
+
+
+_GPU_ENGINES: dict[int, Engine] = {}  # engines the ZeroGPU worker (a fork of this process) looks up by id
+
+
+@gpu_decorator(duration=lambda key, request: duration_for(request.max_new_tokens))
+def _record_on_gpu(key: int, request: Request) -> list:
+    return list(_GPU_ENGINES[key].stream(request))
 
 
 @dataclass(frozen=True)
@@ -174,6 +183,12 @@ class Playground:
         return self.engines.get(preset)
 
     def _stream(self, engine: Engine, request: Request, cancel: threading.Event):
+        if zero_gpu():
+            # ZeroGPU: record the whole run in the GPU worker (events are plain dataclasses, cheap to pickle) and
+            # animate it here, outside the GPU allocation. Stop cannot reach the worker; the deadline still holds.
+            key = id(engine)
+            _GPU_ENGINES[key] = engine
+            return iter(_record_on_gpu(key, request))
         try:
             return engine.stream(request, cancel, blocking=False)
         except BusyError:  # only when something outside the queue uses the engine; wait for it

@@ -40,6 +40,11 @@ NO_DRAFT_NOTICE = ("**No trained draft is installed yet** (`assets/draft-smollm2
                    "the target **alone** — plain autoregressive decoding, one token per step, τ = 1. The draft controls are "
                    "ignored until the trained draft is added; the bundled traces below still show DFlash blocks.")
 
+WEAK_DRAFT_NOTICE = ("**Honest note:** the default draft was trained on this project's 2-core CPU in under an hour; it "
+                     "reaches τ ≈ 1.2 and, because verifying several tokens costs ~1.7× one step on this CPU, DFlash "
+                     "here is **slower than plain decoding (≈ 0.65×)** — the output is still exactly the target's. Press "
+                     "**Compare with autoregressive** to measure it yourself; see TRAINING.md and BENCHMARKS.md.")
+
 GUIDE = """### A five-minute tour (for workshops)
 Pick an example prompt, press **Generate**, then follow one block through the four stages:
 
