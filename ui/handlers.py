@@ -182,6 +182,15 @@ class Playground:
             raise ValidationError("preset", "must be a preset name")
         return self.engines.get(preset)
 
+    def _start(self, engine: Engine, request: Request, session: str):
+        """(event stream, its cancel flag) for this session; the flag is dropped again if the start fails."""
+        cancel = self._new_cancel(session)
+        try:
+            return self._stream(engine, request, cancel), cancel
+        except BaseException:
+            self._drop_cancel(session, cancel)
+            raise
+
     def _stream(self, engine: Engine, request: Request, cancel: threading.Event):
         if zero_gpu():
             # ZeroGPU: record the whole run in the GPU worker (events are plain dataclasses, cheap to pickle) and
@@ -200,17 +209,12 @@ class Playground:
         engine = self._engine(preset)
         request = self.make_request(values, engine)
         show_rejected, step_mode = bool(values.get("show_rejected", True)), bool(values.get("step_mode"))
-        cancel = self._new_cancel(session)
-        try:
-            stream = self._stream(engine, request, cancel)
-        except BaseException:
-            self._drop_cancel(session, cancel)
-            raise
+        stream, cancel = self._start(engine, request, session)
         hw = hardware(engine)
         s = self.settings
         try:
-            # Take the Started event before the first yield: the engine releases its lock in a `finally` that
-            # only runs once its generator has started, so a close() before that would leave it locked.
+            # Take the Started event before the first yield, so the engine's generator (and its lock) is live
+            # before Gradio can cancel this handler.
             events: list = [next(stream)]
             yield {"status": live_status(events), **view(events, show_rejected, hw=hw), "replay_label": ""}
             last = last_plot = 0.0
@@ -274,12 +278,7 @@ class Playground:
         req = dict(st.request)
         req.update(use_draft=False, max_new_tokens=max(1, len(fin.output_ids)), deadline_s=self.settings.deadline_s)
         request = Request(**req)
-        cancel = self._new_cancel(session)
-        try:
-            stream = self._stream(engine, request, cancel)
-        except BaseException:
-            self._drop_cancel(session, cancel)
-            raise
+        stream, cancel = self._start(engine, request, session)
         base: list = []
         last = 0.0
         try:
