@@ -8,8 +8,11 @@ no-cache loop with the per-position noise of `dflash.sampling`. Scripted drafter
 
 from __future__ import annotations
 
+import random
+
 import torch
 
+from dflash.adaptive import Controller
 from dflash.draft import DraftCache
 from dflash.drafter import Drafter, Proposal
 from dflash.engine import Engine
@@ -92,6 +95,18 @@ def with_drafter(engine: Engine, cls: type[ScriptedDrafter] | None, full_sequenc
         engine._real_drafter = engine.drafter
     engine.drafter = engine._real_drafter if cls is None else cls(engine, full_sequence)
     return engine
+
+
+class RandomController(Controller):
+    """A fuzzing controller: any size in [1, max] at every step, from a seeded RNG."""
+
+    def __init__(self, seed: int, max_size: int):
+        super().__init__(1, 1, max_size)
+        self.rng = random.Random(seed)
+
+    def update(self, outcome):
+        self.size = self.rng.randint(1, self.max_size)
+        return self.size, "random"
 
 
 class FailingTarget(Target):

@@ -7,21 +7,18 @@ recomputed from scratch (transformers' hidden_states[j + 1]). Both pass through 
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 import dflash.engine as engine_mod
 from conftest import tiny_draft, tiny_target
-from dflash.adaptive import Controller
 from dflash.draft import extract_context_feature
 from dflash.drafter import Drafter
 from dflash.engine import Engine
 from dflash.events import Commit, Verify
 from dflash.request import Request
 from dflash.target import Target
-from engine_helpers import reference_greedy, reference_sample
+from engine_helpers import RandomController, reference_greedy, reference_sample
 
 
 class CheckedTarget(Target):
@@ -87,16 +84,6 @@ def checked():
     engine = Engine(target, tiny_draft(target, block_size=16))
     engine.drafter = CheckedDrafter(engine)
     return target, engine
-
-
-class RandomController(Controller):
-    def __init__(self, seed: int, max_size: int):
-        super().__init__(1, 1, max_size)
-        self.rng = random.Random(seed)
-
-    def update(self, outcome):
-        self.size = self.rng.randint(1, self.max_size)
-        return self.size, "random"
 
 
 def check_run(target: CheckedTarget, prompt: list[int], res) -> None:

@@ -14,11 +14,11 @@ import torch
 
 import dflash.engine as engine_mod
 from conftest import tiny_draft, tiny_target
-from dflash.adaptive import POLICIES, Controller
+from dflash.adaptive import POLICIES
 from dflash.engine import Engine
 from dflash.events import BONUS, CORRECTION, DRAFT, Commit, Started, Verify
 from dflash.request import Request
-from engine_helpers import (AdversarialDrafter, OracleDrafter, commits, reference_greedy, reference_sample,
+from engine_helpers import (RandomController, AdversarialDrafter, OracleDrafter, commits, reference_greedy, reference_sample,
                             with_drafter)
 
 ARCHS = ("llama", "qwen3")
@@ -183,18 +183,6 @@ def test_adaptive_and_denoising_knobs_are_lossless(models, policy, steps):
             left = n - sum(len(c.token_ids) for c in res.events if isinstance(c, Commit) and c.block < v.block)
             assert lo <= v.block_size <= hi or v.block_size == left + 1 < lo
         assert res.stats["lossy"] is False and res.stats["drift_tokens"] == 0
-
-
-class RandomController(Controller):
-    """A fuzzing controller: any size in [1, max] at every step, from a seeded RNG."""
-
-    def __init__(self, seed: int, max_size: int):
-        super().__init__(1, 1, max_size)
-        self.rng = random.Random(seed)
-
-    def update(self, outcome):
-        self.size = self.rng.randint(1, self.max_size)
-        return self.size, "random"
 
 
 @pytest.mark.parametrize("seed,arch", [(0, "llama"), (1, "qwen3")])
