@@ -1,4 +1,5 @@
-"""Block-size controllers (DESIGN §4.4). They choose only *how many* tokens to draft, never which are emitted.
+"""Block-size controllers. They choose only *how many* tokens to draft, never which are emitted, so no
+controller can change greedy output.
 
 A controller sees each block's outcome and returns the next block size (anchor included: size b verifies
 b - 1 draft tokens) with a human-readable reason the UI shows.

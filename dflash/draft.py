@@ -1,4 +1,5 @@
-"""The DFlash draft model in the z-lab checkpoint format (DESIGN §3), loadable by vLLM / SGLang.
+"""The DFlash draft model in the z-lab checkpoint format, loadable by vLLM / SGLang: `config.json` as written
+by `DraftConfig.to_hf_dict`, and `model.safetensors` whose tensor names are this module's parameter names.
 
 A few Qwen3-style decoder layers run non-causally over one block. Target features from several target layers
 are fused (`fc` + `hidden_norm`) and injected as extra keys/values into every layer; queries come only from the

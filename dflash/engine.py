@@ -1,4 +1,4 @@
-"""THE generation loop (DESIGN §4). `Engine.stream(request)` yields typed events; everything else drains it.
+"""THE generation loop. `Engine.stream(request)` yields typed events; everything else drains it.
 
 One step: draft a block [last committed, MASK × (b-1)] → verify it with one target forward (KV cache, hooks
 capture the draft's feature layers) → accept the longest allowed prefix + the target's own token → crop both
@@ -18,9 +18,9 @@ import torch
 
 from dflash import events as ev
 from dflash.adaptive import Outcome as StepOutcome, make_controller
-from dflash.draft import DFlashDraftModel, DraftCache
+from dflash.draft import DFlashDraftModel, DraftCache, DraftConfig
 from dflash.drafter import Drafter
-from dflash.errors import BusyError, ValidationError
+from dflash.errors import BusyError, ModelLoadError, ValidationError
 from dflash.request import Request
 from dflash.sampling import GUMBEL_TARGET, UNIFORM_ACCEPT, gumbel_noise, uniform_noise
 from dflash.stats import compute_stats
@@ -40,11 +40,27 @@ class Result:
     message: str = ""
 
 
+def check_draft_fits(cfg: DraftConfig, target: Target, vocab: torch.Tensor | None) -> None:
+    """A draft trained for another target fails here with a message, not later with an IndexError mid-run."""
+    if cfg.hidden_size != target.hidden_size:
+        raise ModelLoadError(f"draft: hidden size {cfg.hidden_size} does not match the target's {target.hidden_size}")
+    bad = [j for j in cfg.target_layer_ids if not 0 <= j < target.num_layers]
+    if bad:
+        raise ModelLoadError(f"draft: target_layer_ids {bad} do not exist in the target ({target.num_layers} layers)")
+    if not 0 <= cfg.mask_token_id < target.vocab_size:
+        raise ModelLoadError(f"draft: mask_token_id {cfg.mask_token_id} is outside the target's vocabulary "
+                             f"({target.vocab_size})")
+    if vocab is not None and vocab.numel() and not (0 <= int(vocab.min()) and int(vocab.max()) < target.vocab_size):
+        raise ModelLoadError(f"draft: its draft vocabulary has ids outside the target's vocabulary ({target.vocab_size})")
+
+
 class Engine:
     def __init__(self, target: Target, draft: DFlashDraftModel | None = None, draft_vocab: torch.Tensor | None = None,
                  name: str = ""):
         self.target = target
         self.name = name
+        if draft is not None:
+            check_draft_fits(draft.config, target, draft_vocab)
         self.draft = draft.to(device=target.device, dtype=target.dtype).eval() if draft is not None else None
         self.drafter = None
         if self.draft is not None:

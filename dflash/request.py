@@ -1,4 +1,4 @@
-"""The generation request: a frozen dataclass that validates itself (DESIGN §4.5).
+"""The generation request: a frozen dataclass that validates itself in `__post_init__`.
 
 Every bad value raises `ValidationError(param, message)` naming the field and the allowed range; NaN and
 infinity are rejected explicitly (Gradio lets NaN through slider bounds). Limits that depend on the loaded

@@ -2,7 +2,7 @@
 
 Noise is derived from (seed, absolute position, stream), never from a global RNG: a DFlash run and a
 target-only run with the same seed draw the *same* noise at each output position, so with the lossless
-*match* rule they emit the same tokens (an exact test of losslessness, DESIGN §4.3).
+*match* rule they emit the same tokens (an exact test of losslessness).
 """
 
 from __future__ import annotations

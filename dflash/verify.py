@@ -1,4 +1,5 @@
-"""Pure verification rules (DESIGN §4.3). No model, no cache, no global RNG: noise comes in as tensors.
+"""Pure verification rules: greedy/sampled *match* and *rejection* (lossless), *relaxed* (opt-in,
+lossy). No model, no cache, no global RNG: noise comes in as tensors.
 
 Shapes: a block verifies `n` drafted tokens with `n + 1` target rows — row i is the target's distribution for
 the position of draft token i; the last row gives the bonus token when every draft token is accepted.

@@ -1,8 +1,8 @@
 """Hugging Face Spaces support: the ZeroGPU decorator, and installing the default target's GGUF package.
 
-ZeroGPU (ux-ecosystem-anchors §3.7). A `@spaces.GPU` function runs in a forked worker that holds the GPU until
-the function returns (generators: until they end), and everything it returns or yields is pickled across a
-queue. So the UI should *record* a generation on the GPU and *animate* it outside:
+ZeroGPU (Hugging Face's shared-GPU Spaces hardware). A `@spaces.GPU` function runs in a forked worker that holds
+the GPU until the function returns (generators: until they end), and everything it returns or yields is pickled
+across a queue. So the UI should *record* a generation on the GPU and *animate* it outside:
 
     from dflash.zerogpu import duration_for, gpu_decorator, zero_gpu
 

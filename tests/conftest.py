@@ -59,3 +59,20 @@ def qwen3_target() -> Target:
 @pytest.fixture
 def engine(llama_target: Target) -> Engine:
     return Engine(llama_target, tiny_draft(llama_target))
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """A tiny training set: the data stage run on a tiny random target (saved as a model directory), 3 shards of
+    4 sequences with 2 stored layers (1, 2); every 3rd shard sampled."""
+    from dflash.training.data import write_shards
+
+    tmp = tmp_path_factory.mktemp("train")
+    target = tiny_target("llama", seed=3)
+    model_dir = tmp / "target"
+    target.model.save_pretrained(model_dir)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 250, (int(torch.randint(3, 8, (1,), generator=gen)),), generator=gen).tolist() for _ in range(12)]
+    write_shards(target.model, None, str(model_dir), prompts, str(tmp / "data"), layer_ids=[1, 2], batch_size=4,
+                 max_new_tokens=24, sampled_every=3, temperature=0.8, seed=0)
+    return tmp

@@ -1,5 +1,5 @@
-"""Block-size controllers (DESIGN §4.4) with scripted outcomes; the engine-level invariance (controllers never
-change the emitted tokens) is in test_engine_lossless.py."""
+"""Block-size controllers (fixed, slow start, cost-aware) with scripted outcomes; the engine-level invariance
+(controllers never change the emitted tokens) is in test_engine_lossless.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Multi-step denoising of a block (issue 3 §1; DESIGN §4.2 step 2), checked from the DraftStep events and an
-independent recomputation of the draft's predictions from scratch."""
+"""Multi-step denoising of a block (each step predicts the still-masked positions and commits those at or above
+the confidence threshold: at least the most confident one, all remaining ones at the last step), checked from
+the DraftStep events and an independent recomputation of the draft's predictions from scratch."""
 
 from __future__ import annotations
 

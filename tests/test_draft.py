@@ -1,4 +1,6 @@
-"""The DFlash draft in the z-lab checkpoint format (DESIGN §3; reliability-anchors §4 A7-A8, I43-I44)."""
+"""The DFlash draft in the z-lab checkpoint format: strict loading of hand-written z-lab checkpoints (safetensors
+only), save/load round trip, default target layer ids, the hidden_states[j + 1] feature offset, non-causal
+attention within a block, and the draft KV cache."""
 
 from __future__ import annotations
 

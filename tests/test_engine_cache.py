@@ -1,4 +1,4 @@
-"""KV caches and rollback (reliability-anchors §4 D).
+"""KV caches and rollback (both caches cropped back to the committed length after each block).
 
 A `Target` subclass re-checks every cached forward against a fresh no-cache forward over the sequence the
 cache is supposed to hold, and a `Drafter` subclass re-checks the draft's context K/V against features

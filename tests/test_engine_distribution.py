@@ -1,4 +1,4 @@
-"""The rejection rule reproduces the target's distribution (reliability-anchors §4 C).
+"""The rejection rule reproduces the target's distribution.
 
 1. `rejection_verify` alone, small vocabulary, many draws: the first emitted token follows p, the next one
    (given the first draft token was accepted) follows p of the next row; chi-square and TV bounds. Draws of

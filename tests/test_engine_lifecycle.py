@@ -1,4 +1,4 @@
-"""Lifecycle (reliability-anchors §4 G): cancel, deadline, out-of-memory, one request at a time, closing a stream."""
+"""Lifecycle: cancel, deadline, out-of-memory, one request at a time, closing a stream."""
 
 from __future__ import annotations
 

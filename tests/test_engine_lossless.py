@@ -1,4 +1,4 @@
-"""Losslessness of the engine (reliability-anchors §4 B): DFlash output == the target's own output.
+"""Losslessness of the engine: DFlash output == the target's own output.
 
 Greedy runs are compared with transformers' own greedy `generate`; seeded sampling with a plain no-cache
 loop using the same per-position noise. Drafts: the random tiny draft, an oracle (always right) and an

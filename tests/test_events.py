@@ -1,5 +1,5 @@
-"""The event contract (DESIGN §4.1; reliability-anchors §4 E): grammar, consistency and JSON round trip of the
-events of real runs."""
+"""The event contract (frozen dataclasses of plain types carrying everything the UI draws): grammar,
+consistency and JSON round trip of the events of real runs."""
 
 from __future__ import annotations
 

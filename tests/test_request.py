@@ -1,4 +1,4 @@
-"""Request validation (DESIGN §4.5; reliability-anchors §4 F): every bad value raises a ValidationError that
+"""Request validation: every bad value raises a ValidationError that
 names the parameter and states the allowed range; boundary values are accepted; the context budget is checked
 against the loaded models before anything runs."""
 

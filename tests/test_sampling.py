@@ -1,4 +1,4 @@
-"""Pure sampling functions (reliability-anchors §4 A): logits filters, per-position noise, Gumbel-max sampling."""
+"""Pure sampling functions: logits filters, per-position noise, Gumbel-max sampling."""
 
 from __future__ import annotations
 

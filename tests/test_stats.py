@@ -1,4 +1,4 @@
-"""Run statistics from events (reliability-anchors §4 E25): a hand-made event stream with known answers."""
+"""Run statistics from events (τ, acceptance, timings, speedup): a hand-made event stream with known answers."""
 
 from __future__ import annotations
 

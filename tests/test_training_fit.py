@@ -9,21 +9,8 @@ from conftest import tiny_target
 from dflash.draft import load_draft
 from dflash.engine import Engine
 from dflash.request import Request
-from dflash.training.data import load_shards, write_shards
+from dflash.training.data import load_shards
 from dflash.training.fit import FitConfig, Trainer
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("train")
-    target = tiny_target("llama", seed=3)
-    model_dir = tmp / "target"
-    target.model.save_pretrained(model_dir)
-    gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, 250, (int(torch.randint(3, 8, (1,), generator=gen)),), generator=gen).tolist() for _ in range(12)]
-    write_shards(target.model, None, str(model_dir), prompts, str(tmp / "data"), layer_ids=[1, 2], batch_size=4,
-                 max_new_tokens=24, sampled_every=3, temperature=0.8, seed=0)
-    return tmp
 
 
 def cfg(data_dir, out, steps):
@@ -92,3 +79,57 @@ def test_teacher_forced_labels_are_the_targets_own_predictions():
     pred = rows[0][3].tolist()
     assert pred[2:-1] == ref.output_ids[: len(pred) - 3]  # prediction after position p is token p+1
     assert rows[1][1].shape == (len(other), 64)
+
+
+def test_zero_residual_init_outputs_the_normed_block_embedding(data_dir, tmp_path):
+    zero = Trainer(FitConfig(**{**cfg(data_dir, tmp_path / "z", steps=1).__dict__, "residual_init": "zero"}))
+    normal = Trainer(cfg(data_dir, tmp_path / "n", steps=1))
+    seq = zero.corpus.train[0]
+    embeds = zero.embed[seq["ids"][:4]][None]  # [1, 4, H]
+    with torch.no_grad():
+        ctx = zero.draft.context_kv(seq["feats"].float()[None], torch.arange(len(seq)))
+        out = zero.draft(embeds, torch.arange(4), ctx)
+        # Step 0 of a zero-init draft is the (final-normed) embedding itself: the shared head sees the target's scale.
+        torch.testing.assert_close(out, zero.draft.norm(embeds))
+        ctx_n = normal.draft.context_kv(seq["feats"].float()[None], torch.arange(len(seq)))
+        assert not torch.allclose(normal.draft(embeds, torch.arange(4), ctx_n), normal.draft.norm(embeds))
+
+
+def test_warm_start_and_log_spaced_snapshots(data_dir, tmp_path):
+    from dflash.training.fit import is_snapshot_step
+
+    assert [s for s in range(1, 20) if is_snapshot_step(s, 2)] == [2, 4, 8, 16]
+    first = Trainer(FitConfig(**{**cfg(data_dir, tmp_path / "a", steps=4).__dict__, "snapshot_base": 2}))
+    first.fit(progress=False)
+    assert sorted(p.name for p in (tmp_path / "a" / "snapshots").iterdir()) == ["step_000002", "step_000004"]
+    warm = Trainer(FitConfig(**{**cfg(data_dir, tmp_path / "b", steps=4).__dict__, "init_from": str(tmp_path / "a")}))
+    for k, v in first.draft.state_dict().items():
+        torch.testing.assert_close(warm.draft.state_dict()[k], v.to(torch.bfloat16).float())  # served weights are bf16
+    with pytest.raises(ValueError, match="init_from"):
+        Trainer(FitConfig(**{**cfg(data_dir, tmp_path / "c", steps=4).__dict__, "layers": 2, "target_layer_ids": [1, 2],
+                             "init_from": str(tmp_path / "a")}))
+
+
+def test_on_policy_blocks_change_nothing_on_regenerated_data_and_stop_at_resumes(data_dir, tmp_path):
+    a = Trainer(cfg(data_dir, tmp_path / "a", steps=6))
+    b = Trainer(FitConfig(**{**cfg(data_dir, tmp_path / "b", steps=6).__dict__, "onpolicy_blocks": 0}))
+    ra, rb = a.train_step(), b.train_step()
+    assert ra["loss"] == pytest.approx(rb["loss"]) and ra["positions"] == rb["positions"] > 0
+    part = Trainer(FitConfig(**{**cfg(data_dir, tmp_path / "c", steps=6).__dict__, "stop_at": 2}))
+    part.fit(progress=False)
+    assert part.step == 2
+    rest = Trainer(cfg(data_dir, tmp_path / "c", steps=6))
+    rest.fit(progress=False)
+    assert rest.step == 6
+
+
+def test_on_policy_blocks_drop_labels_after_a_teacher_forced_disagreement(data_dir, tmp_path):
+    seq = Trainer(cfg(data_dir, tmp_path / "x", steps=1)).corpus.train[0]
+    labels = seq["ids"].clone()
+    labels[seq["prompt_len"] + 1::2] = (labels[seq["prompt_len"] + 1::2] + 1) % 250  # the target "disagrees" here
+    tf = {"ids": seq["ids"], "labels": labels, "feats": seq["feats"], "final": seq["final"], "prompt_len": seq["prompt_len"]}
+    counts = []
+    for flag in (0, 1):
+        tr = Trainer(FitConfig(**{**cfg(data_dir, tmp_path / f"p{flag}", steps=1).__dict__, "onpolicy_blocks": flag}))
+        counts.append(tr.seq_loss(tf, torch.Generator().manual_seed(0), 0.0)[1]["positions"])
+    assert 0 < counts[1] < counts[0]

@@ -72,3 +72,14 @@ def test_cosine_schedule_warms_up_and_decays():
     lrs = [cosine_lr(s, 100, 1.0, 0.04) for s in range(100)]
     assert lrs[0] < lrs[3] and max(lrs) == pytest.approx(1.0)
     assert lrs[-1] < 0.01
+
+
+def test_on_policy_prefix_stops_at_the_first_disagreement():
+    from dflash.training.objective import on_policy_prefix
+
+    agree = torch.tensor([[True, True, False, True, True],
+                          [False, False, True, True, True],
+                          [True, True, True, True, False]])
+    assert on_policy_prefix(agree).tolist() == [[True, True, True, False, False],
+                                                [True, True, False, False, False],
+                                                [True, True, True, True, True]]

@@ -1,4 +1,4 @@
-"""Pure verification rules (reliability-anchors §4 A; DESIGN §4.3): match (greedy / sampled), relaxed, rejection."""
+"""Pure verification rules: match (greedy / sampled), relaxed, rejection."""
 
 from __future__ import annotations
 

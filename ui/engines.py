@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 from typing import Callable, Mapping
 
 from dflash.engine import Engine
 from dflash.errors import ModelLoadError
 from dflash.registry import PRESETS, get_preset
-from ui.text import NO_DRAFT_NOTICE, WEAK_DRAFT_NOTICE
+from ui.text import NO_DRAFT_NOTICE, draft_notice
 
 log = logging.getLogger("dflash.ui")
 
@@ -34,7 +35,7 @@ def load_preset(name: str) -> tuple[Engine, str]:
         engine, _ = load_engine(name, no_draft=True)
         return engine, NO_DRAFT_NOTICE
     engine, _ = load_engine(name)
-    return engine, (WEAK_DRAFT_NOTICE if name == "default" else "")
+    return engine, (draft_notice(Path(preset.draft) / "evaluation.json") if name == "default" else "")
 
 
 class EngineProvider:

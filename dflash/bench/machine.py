@@ -34,6 +34,22 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+SIMD_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+              "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "bf16")
+
+
+def cpu_flags() -> list[str]:
+    """The SIMD flags that decide CPU speed (bfloat16 is native only with avx512_bf16 / amx_bf16)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                have = set(line.split(":", 1)[1].split())
+                return [f for f in SIMD_FLAGS if f in have]
+    except OSError:
+        pass
+    return []
+
+
 def machine_info(device: str = "cpu") -> dict:
     import transformers
 
@@ -48,6 +64,7 @@ def machine_info(device: str = "cpu") -> dict:
         "transformers": transformers.__version__,
         "torch_threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_flags": cpu_flags(),
         "mkldnn": torch.backends.mkldnn.is_available(),
         "onednn_head": os.environ.get("DFLASH_ONEDNN_HEAD", "1") != "0",
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,

@@ -1,6 +1,6 @@
 """Summaries (pure functions of the recorded runs), the Markdown table, and atomic writes of both files.
 
-Speedup follows DESIGN §6: baseline decode time / method decode time on the same prompts, measured in the
+Speedup = baseline decode time / method decode time on the same prompts, measured in the
 same process with interleaved runs (`dflash.stats.speedup`: ratio of the totals, plus the spread of per-prompt
 ratios). Each prompt's time is the median over its repeats; the spread over repeats is the same ratio computed
 on repeat r alone, for every r.

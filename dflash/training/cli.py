@@ -1,4 +1,4 @@
-"""`python -m dflash train data|fit|eval` — the draft training pipeline (DESIGN §5)."""
+"""`python -m dflash train data|data-tf|fit|eval` — the draft training pipeline."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def cmd_data_tf(args: argparse.Namespace) -> int:
     from dflash.training.data import run_teacher_forced
 
     run_teacher_forced(args.target, args.out, args.conversations, _ints(args.layers), args.batch_size,
-                       args.max_prompt_tokens, args.max_response_tokens, args.threads)
+                       args.max_prompt_tokens, args.max_response_tokens, args.threads, args.turns)
     return 0
 
 
@@ -55,6 +55,8 @@ def add_parser(sub) -> None:
     t.add_argument("--max-prompt-tokens", type=int, default=160)
     t.add_argument("--max-response-tokens", type=int, default=256)
     t.add_argument("--threads", type=int)
+    t.add_argument("--turns", choices=("first", "later", "all"), default="first",
+                   help="which replies: each conversation's first, the later ones (earlier turns as history), or all")
     t.set_defaults(func=cmd_data_tf)
     for extra in ("dflash.training.fit_cli",):
         try:

@@ -20,9 +20,10 @@ import torch
 log = logging.getLogger("dflash.train")
 
 
-def chat_ids(tokenizer, prompt: str) -> list[int]:
-    return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                              return_dict=True)["input_ids"])
+def chat_ids(tokenizer, prompt: str | list[dict]) -> list[int]:
+    """A user prompt, or a whole chat history (messages), with the chat template and the assistant's header."""
+    msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    return list(tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_dict=True)["input_ids"])
 
 
 class Capture:
@@ -182,15 +183,27 @@ def teacher_forced_batch(model, seqs: list[list[int]], pad_id: int, capture: Cap
             for i, x in enumerate(seqs)]
 
 
+WINDOW_BATCHES = 32  # length-sorting window, in batches
+
+
+def sort_in_windows(rows: list, window: int, key) -> list:
+    """Sort by length inside consecutive windows of `window` rows: batches of similar lengths (little padding)
+    while every prefix of the shards stays a sample of the whole corpus, so a run stopped early (or resumed
+    with a larger count) is not biased towards short conversations and keeps its shard numbering."""
+    return [r for i in range(0, len(rows), window) for r in sorted(rows[i:i + window], key=key)]
+
+
 def run_teacher_forced(target: str, out_dir: str, n: int, layer_ids: list[int], batch_size: int = 16,
-                       max_prompt_tokens: int = 160, max_response_tokens: int = 256, threads: int | None = None) -> None:
+                       max_prompt_tokens: int = 160, max_response_tokens: int = 256, threads: int | None = None,
+                       turns: str = "first") -> None:
     """Cheap extra data: ShareGPT's recorded replies, one teacher-forced target pass each (no generation), with
     the target's own next-token predictions stored as labels (`target_pred`). Off-policy contexts, on-policy
-    labels: ~10x more tokens per CPU second than regeneration."""
+    labels: one forward pass per sequence instead of one per token, so several times more tokens per CPU second
+    than regeneration."""
     from safetensors.torch import save_file
 
-    from dflash.datasets import sharegpt_pairs
-    from dflash.target import Target, load_target_model
+    from dflash.datasets import sharegpt_dialogues, sharegpt_pairs
+    from dflash.target import load_target_model
 
     if threads:
         torch.set_num_threads(threads)
@@ -198,7 +211,9 @@ def run_teacher_forced(target: str, out_dir: str, n: int, layer_ids: list[int], 
     model.eval()
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     rows = []
-    for prompt, reply in sharegpt_pairs("train"):
+    # "first": first turns deduplicated by text (the original set); "later"/"all": multi-turn histories.
+    pairs = sharegpt_pairs("train") if turns == "first" else sharegpt_dialogues("train", turns)
+    for prompt, reply in pairs:
         p = chat_ids(tokenizer, prompt)
         if not reply or len(p) > max_prompt_tokens:
             continue
@@ -206,10 +221,11 @@ def run_teacher_forced(target: str, out_dir: str, n: int, layer_ids: list[int], 
         rows.append((p, r + ([end] if len(r) < max_response_tokens and isinstance(end, int) else [])))
         if len(rows) >= n:
             break
-    rows.sort(key=lambda pr: len(pr[0]) + len(pr[1]))
+    rows = sort_in_windows(rows, batch_size * WINDOW_BATCHES, lambda pr: len(pr[0]) + len(pr[1]))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"target": target, "layer_ids": layer_ids, "kind": "teacher-forced", "hidden_size": model.config.hidden_size,
+    meta = {"target": target, "layer_ids": layer_ids, "kind": "teacher-forced", "turns": turns,
+            "hidden_size": model.config.hidden_size,
             "num_target_layers": model.config.num_hidden_layers, "vocab_size": model.config.vocab_size}
     (out / "meta.json").write_text(json.dumps(meta, indent=2))
     capture = Capture(model, layer_ids)

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import torch
 
-from dflash.draft import DFlashDraftModel, DraftConfig, build_target_layer_ids, save_draft
-from dflash.training.objective import (block_attention_mask, cosine_lr, default_gamma, partial_mask, position_weights,
-                                       sample_anchors, weighted_loss)
+from dflash.draft import DFlashDraftModel, DraftConfig, build_target_layer_ids, load_draft, save_draft
+from dflash.training.corpus import Corpus, frequent_vocab
+from dflash.training.objective import (block_attention_mask, cosine_lr, default_gamma, on_policy_prefix, partial_mask,
+                                       position_weights, sample_anchors, weighted_loss)
 
 log = logging.getLogger("dflash.train")
 STATE_NAME = "trainer_state.safetensors"
@@ -50,8 +51,19 @@ class FitConfig:
     holdout_shards: int = 1
     data_fraction: float = 1.0  # train on the first fraction of the training sequences (data-size ablation)
     threads: int = 0
+    init_from: str = ""  # a draft directory to warm-start from (weights and draft vocabulary)
+    residual_init: str = "normal"  # "zero": o_proj/down_proj start at 0 (step 0 output = the normed block embedding)
+    onpolicy_blocks: int = 1  # 1: supervise a teacher-forced block only along the target's own path (objective.py)
+    stop_at: int = 0  # stop after this step (checkpoint saved; the schedule is still that of `steps`); 0: at `steps`
+    snapshot_base: int = 250  # keep a copy of the draft at steps base·2^k (log-spaced points of the τ curve); 0: off
 
     def __post_init__(self) -> None:
+        if self.residual_init not in ("zero", "normal"):
+            raise ValueError("residual_init must be 'zero' or 'normal'")
+        if self.onpolicy_blocks not in (0, 1):
+            raise ValueError("onpolicy_blocks must be 0 or 1")
+        if self.snapshot_base < 0 or self.stop_at < 0:
+            raise ValueError("snapshot_base and stop_at must be >= 0")
         if self.layers < 1:
             raise ValueError("layers must be >= 1")
         if self.block_size < 2:
@@ -66,50 +78,12 @@ class FitConfig:
             raise ValueError("lr must be > 0 and kl_weight >= 0")
 
 
-class Corpus:
-    """Sequences from one or more data directories (comma-separated), with the feature columns of the chosen
-    target layers. `labels[p]` is the token the target itself emits at position p: the sequence token for
-    regenerated data, the target's greedy prediction from p-1 for teacher-forced data (`target_pred`)."""
-
-    def __init__(self, data_dirs: str, layer_ids: list[int], holdout: int):
-        from dflash.training.data import load_shards
-
-        self.train, self.heldout = [], []
-        for data_dir in data_dirs.split(","):
-            meta = json.loads((Path(data_dir) / "meta.json").read_text())
-            stored = meta["layer_ids"]
-            missing = [j for j in layer_ids if j not in stored]
-            if missing:
-                raise ValueError(f"target layers {missing} are not in the data (stored: {stored})")
-            h = meta["hidden_size"]
-            cols = torch.cat([torch.arange(stored.index(j) * h, (stored.index(j) + 1) * h) for j in layer_ids])
-            self.meta = meta
-            shards = load_shards(data_dir)
-            keep_out = holdout if len(shards) > holdout else 0
-            for s, shard in enumerate(shards):
-                dest = self.heldout if s >= len(shards) - keep_out else self.train
-                off = shard["offsets"].tolist()
-                feats = shard["features"][:, cols]
-                for i in range(len(off) - 1):
-                    ids = shard["input_ids"][off[i]:off[i + 1]]
-                    labels = ids
-                    if "target_pred" in shard:
-                        labels = torch.cat([ids[:1], shard["target_pred"][off[i]:off[i + 1] - 1]])
-                    dest.append({"ids": ids, "labels": labels, "feats": feats[off[i]:off[i + 1]],
-                                 "final": shard["final_hidden"][off[i]:off[i + 1]], "prompt_len": int(shard["prompt_lens"][i])})
-
-    def token_counts(self, vocab: int) -> torch.Tensor:
-        counts = torch.zeros(vocab, dtype=torch.long)
-        for s in self.train:
-            counts += torch.bincount(s["labels"][s["prompt_len"]:], minlength=vocab)
-        return counts
-
-
-def frequent_vocab(counts: torch.Tensor, size: int, always: list[int]) -> torch.Tensor:
-    """The `size` most frequent response tokens (FR-Spec), plus `always` (stop ids), sorted."""
-    top = torch.topk(counts, min(size, counts.numel())).indices.tolist()
-    ids = sorted(set(top[: size - len(always)]) | set(always))
-    return torch.tensor(ids, dtype=torch.long)
+def is_snapshot_step(step: int, base: int) -> bool:
+    """True at base, 2·base, 4·base, ... (log-spaced)."""
+    if base <= 0 or step < base or step % base:
+        return False
+    k = step // base
+    return k & (k - 1) == 0
 
 
 class Trainer:
@@ -143,14 +117,12 @@ class Trainer:
                                 block_size=cfg.block_size, mask_token_id=cfg.mask_token_id, target_layer_ids=layer_ids,
                                 rms_norm_eps=tc.rms_norm_eps, rope_theta=getattr(tc, "rope_theta", 10000.0),
                                 max_position_embeddings=tc.max_position_embeddings)
-        torch.manual_seed(cfg.seed)
-        self.draft = DFlashDraftModel(self.dcfg)
-        for mod in self.draft.modules():
-            if isinstance(mod, torch.nn.Linear):
-                torch.nn.init.normal_(mod.weight, std=0.02)
-        with torch.no_grad():  # the target's final-norm gain gives the shared LM head its expected input scale
-            self.draft.norm.weight.copy_(final_norm)
-        if cfg.draft_vocab:
+        log.info("corpus: %d training sequences, %d response tokens; %d held out", len(self.corpus.train),
+                 self.corpus.n_tokens(), len(self.corpus.heldout))
+        self.draft, vocab = self.init_draft(final_norm)
+        if vocab is not None:
+            self.vocab = vocab
+        elif cfg.draft_vocab:
             self.vocab = frequent_vocab(self.corpus.token_counts(self.embed.shape[0]), cfg.draft_vocab, stops)
         else:
             self.vocab = torch.arange(self.embed.shape[0])
@@ -161,6 +133,28 @@ class Trainer:
         self.opt = torch.optim.AdamW(self.draft.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
         self.step = 0
         self.log_path = Path(cfg.out) / "train_log.jsonl"
+
+    def init_draft(self, final_norm: torch.Tensor) -> tuple[DFlashDraftModel, torch.Tensor | None]:
+        """A fresh draft (or the `init_from` draft's weights and vocabulary). Fresh: N(0, 0.02) weights; with
+        residual_init "zero" the projections that write into the residual stream start at 0, so at step 0 the
+        block's hidden state is the final-normed MASK embedding. Either way the first loss is far above ln V:
+        through the tied head a normed embedding row scores its own neighbours with logits of std ~22 (measured
+        for SmolLM2's MASK id 16), a transient that the first few steps remove."""
+        torch.manual_seed(self.cfg.seed)
+        draft = DFlashDraftModel(self.dcfg)
+        if self.cfg.init_from:
+            src, vocab = load_draft(self.cfg.init_from)
+            if src.config.to_hf_dict() | {"block_size": 0} != self.dcfg.to_hf_dict() | {"block_size": 0}:
+                raise ValueError(f"init_from: {self.cfg.init_from} has another architecture than this run")
+            draft.load_state_dict(src.state_dict())
+            return draft, vocab if self.cfg.draft_vocab else None
+        for name, mod in draft.named_modules():
+            if isinstance(mod, torch.nn.Linear):
+                zero = self.cfg.residual_init == "zero" and name.endswith(("o_proj", "down_proj"))
+                torch.nn.init.zeros_(mod.weight) if zero else torch.nn.init.normal_(mod.weight, std=0.02)
+        with torch.no_grad():  # the target's final-norm gain gives the shared LM head its expected input scale
+            draft.norm.weight.copy_(final_norm)
+        return draft, None
 
     # -- one batch --------------------------------------------------------------------------------------
     def seq_loss(self, seq: dict, gen: torch.Generator, partial_prob: float) -> tuple[torch.Tensor, dict] | None:
@@ -183,12 +177,16 @@ class Trainer:
         sel = masked.flatten()
         logits = hidden[sel] @ self.head.T  # [N, Vd]
         labels = self.remap[truth.flatten()[sel]]
+        valid = labels >= 0  # [N] in the draft vocabulary
+        if self.cfg.onpolicy_blocks:
+            valid &= on_policy_prefix(ids[pos] == seq["labels"][pos]).flatten()[sel]
         w = self.weights[(offs[None, :].expand(nb, b).flatten()[sel]) - 1]
         teacher = None
         if self.cfg.kl_weight > 0:
             prev = pos.flatten()[sel] - 1  # the target's hidden at p-1 predicts the token at p
             teacher = seq["final"][prev].float() @ self.head.T
-        return weighted_loss(logits, labels, w, labels >= 0, teacher, self.cfg.kl_weight)
+        loss, metrics = weighted_loss(logits, labels, w, valid, teacher, self.cfg.kl_weight)
+        return loss, metrics | {"positions": int(valid.sum())}
 
     def batch_generator(self, step: int) -> torch.Generator:
         return torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step)  # same batches after a resume
@@ -216,7 +214,8 @@ class Trainer:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.draft.parameters(), cfg.clip))
         self.opt.step()
         self.step += 1
-        return {"step": self.step, "loss": total / max(n, 1), "lr": lr, "grad_norm": grad_norm,
+        positions = int(metrics.pop("positions", 0))  # supervised positions this step: the x axis of the τ curve
+        return {"step": self.step, "loss": total / max(n, 1), "lr": lr, "grad_norm": grad_norm, "positions": positions,
                 **{k: v / max(n, 1) for k, v in metrics.items()}}
 
     @torch.no_grad()
@@ -239,7 +238,10 @@ class Trainer:
                                 self.draft.context_kv(seq["feats"].float()[None], torch.arange(T)),
                                 block_attention_mask(anchors, T, b)[None, None])[0].view(len(anchors), b, -1)
             pred = self.vocab[(hidden[:, 1:] @ self.head.T).argmax(-1)]  # [nb, b-1]
-            ok = (pred == seq["labels"][pos][:, 1:]).float().cumprod(-1)  # accepted-prefix indicator per position
+            hit = pred == seq["labels"][pos][:, 1:]
+            if self.cfg.onpolicy_blocks:  # teacher-forced labels past a disagreement are not the target's path: stop
+                hit &= on_policy_prefix(ids[pos] == seq["labels"][pos])[:, 1:]
+            ok = hit.float().cumprod(-1)  # accepted-prefix indicator per position
             hits += ok.sum(0)
             total += len(anchors)
         acc = (hits / max(total, 1)).tolist()
@@ -259,6 +261,22 @@ class Trainer:
                 if k in st:
                     state[f"opt.{i}.{k}"] = st[k].contiguous()
         save_file(state, str(out / STATE_NAME), metadata={"step": str(self.step)})
+
+    def log_start(self) -> None:
+        """One line per start or resume in runs.jsonl: the machine (CPU flags), the config and the corpus size."""
+        from dflash.bench.machine import machine_info
+
+        row = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "step": self.step, "config": asdict(self.cfg),
+               "corpus_tokens": self.corpus.n_tokens(), "corpus_sequences": len(self.corpus.train),
+               "draft_vocab": len(self.vocab), "machine": machine_info()}
+        with (Path(self.cfg.out) / "runs.jsonl").open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def save_snapshot(self) -> None:
+        """The draft alone (serving format) at a log-spaced step, for the τ-vs-data curve."""
+        save_draft(self.draft, Path(self.cfg.out) / "snapshots" / f"step_{self.step:06d}",
+                   vocab_ids=self.vocab if self.cfg.draft_vocab else None,
+                   extra_config={"dflash_training": {**asdict(self.cfg), "step": self.step}})
 
     def load(self) -> bool:
         from safetensors import safe_open
@@ -283,10 +301,11 @@ class Trainer:
         Path(self.cfg.out).mkdir(parents=True, exist_ok=True)
         if self.load():
             log.info("resumed at step %d", self.step)
+        self.log_start()
         bar = tqdm(total=self.cfg.steps, initial=self.step, disable=not progress, desc="fit")
         t0, start = time.time(), self.step
         with self.log_path.open("a") as logf:
-            while self.step < self.cfg.steps:
+            while self.step < (self.cfg.stop_at or self.cfg.steps):
                 m = self.train_step()
                 m["s_per_step"] = (time.time() - t0) / (self.step - start)
                 bar.update(1)
@@ -296,6 +315,9 @@ class Trainer:
                     log.info("step %d loss %.3f acc %.3f tau_tf %.3f", self.step, m["loss"], m["acc"], m["tau_tf"])
                 logf.write(json.dumps(m) + "\n")
                 logf.flush()
-                if self.step % self.cfg.ckpt_every == 0 or self.step == self.cfg.steps:
+                if self.step % self.cfg.ckpt_every == 0 or self.step in (self.cfg.steps, self.cfg.stop_at):
                     self.save()
+                last = self.cfg.snapshot_base and self.step in (self.cfg.steps, self.cfg.stop_at)
+                if last or is_snapshot_step(self.step, self.cfg.snapshot_base):
+                    self.save_snapshot()
         bar.close()

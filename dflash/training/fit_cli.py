@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from dataclasses import fields
 
@@ -26,32 +25,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
     interleaved per prompt)."""
     from tqdm import tqdm
 
+    from dflash.bench.machine import machine_info
     from dflash.datasets import load_prompts
     from dflash.load import load_engine
-    from dflash.request import Request
+    from dflash.training.evaluate import evaluate_draft
 
-    engine, _ = load_engine(args.preset, draft=args.draft, threads=args.threads)
+    engine, info = load_engine(args.preset, draft=args.draft, threads=args.threads)
     prompts = load_prompts(args.prompts, args.limit)
-    rows = []
-    kw = dict(max_new_tokens=args.max_new_tokens, block_size=args.block_size, diffusion_steps=args.steps)
-    engine.generate(Request(prompt="Hello", max_new_tokens=4))  # warm-up
-    for prompt in tqdm(prompts, desc=f"eval {args.prompts}", disable=args.quiet):
-        d = engine.generate(Request(prompt=prompt, **kw))
-        row = {"tau": d.stats["tau"], "lengths": d.stats["acceptance_lengths"], "decode_ms": d.stats["decode_ms"],
-               "n": d.stats["n_output_tokens"]}
-        if not args.no_baseline:
-            a = engine.generate(Request(prompt=prompt, use_draft=False, **kw))
-            row.update(ar_decode_ms=a.stats["decode_ms"], ar_n=a.stats["n_output_tokens"], identical=a.output_ids == d.output_ids)
-        rows.append(row)
-    lengths = [x for r in rows for x in r["lengths"]]
-    hist = {str(k): lengths.count(k) for k in sorted(set(lengths))}
-    out = {"prompts": args.prompts, "n_prompts": len(rows), "draft": args.draft, "max_new_tokens": args.max_new_tokens,
-           "block_size": args.block_size, "steps": args.steps, "tau": statistics.fmean(lengths) if lengths else 0.0,
-           "histogram": hist}
-    if not args.no_baseline:
-        ms_d = sum(r["decode_ms"] / max(r["n"] - 1, 1) for r in rows)
-        ms_a = sum(r["ar_decode_ms"] / max(r["ar_n"] - 1, 1) for r in rows)
-        out.update(speedup_per_token=ms_a / ms_d if ms_d else 0.0, identical=sum(r["identical"] for r in rows))
+    bar = tqdm(total=len(prompts), desc=f"eval {args.prompts}", disable=args.quiet)
+    res = evaluate_draft(engine, prompts, args.max_new_tokens, args.block_size, args.steps, not args.no_baseline,
+                         on_prompt=lambda _row: bar.update(1), temperature=args.temperature, seed=args.seed)
+    bar.close()
+    rows = res.pop("rows")
+    out = {"prompts": args.prompts, "draft": info.get("draft"), "max_new_tokens": args.max_new_tokens,
+           "block_size": args.block_size, "steps": args.steps, "temperature": args.temperature, **res,
+           "machine": machine_info(info["device"])}
     print(json.dumps(out))
     if args.output:
         with open(args.output, "w") as f:
@@ -69,7 +57,7 @@ def add_stages(stages) -> None:
         f.add_argument("--" + fld.name.replace("_", "-"), type=type(fld.default), dest=fld.name)
     f.add_argument("--layer-ids", help="target layers to fuse, comma-separated (default: the z-lab rule)")
     f.set_defaults(func=cmd_fit)
-    e = stages.add_parser("eval", help="tau / histogram / speed vs no-draft with the real loop (greedy)")
+    e = stages.add_parser("eval", help="tau / histogram / speed vs no-draft with the real loop")
     e.add_argument("--preset", default="default")
     e.add_argument("--draft", help="draft directory (default: the preset's)")
     e.add_argument("--prompts", default="mt-bench")
@@ -77,6 +65,8 @@ def add_stages(stages) -> None:
     e.add_argument("--max-new-tokens", type=int, default=128)
     e.add_argument("--block-size", type=int)
     e.add_argument("--steps", type=int, default=1)
+    e.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: seeded sampling (lossless match rule)")
+    e.add_argument("--seed", type=int, default=0)
     e.add_argument("--threads", type=int)
     e.add_argument("--no-baseline", action="store_true")
     e.add_argument("--quiet", action="store_true")

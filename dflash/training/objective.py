@@ -1,4 +1,5 @@
-"""Pure pieces of the training objective (DESIGN §5), unit-tested on hand-made tensors.
+"""Pure pieces of the training objective (position-weighted cross-entropy on masked block positions), unit-tested
+on hand-made tensors.
 
 A training block mirrors inference: position 0 is a clean anchor token (a real response token), positions
 1..b-1 are MASK (or, with partial masking, some of them are revealed), and the block sees the target's features
@@ -50,6 +51,19 @@ def block_attention_mask(anchors: torch.Tensor, ctx_len: int, block_size: int) -
     ctx_ok = torch.arange(ctx_len)[None, :] < anchors[block_of][:, None]  # [Nq, ctx]
     own = block_of[:, None] == block_of[None, :]  # [Nq, Nq]
     return torch.cat([ctx_ok, own], dim=1)
+
+
+def on_policy_prefix(agree: torch.Tensor) -> torch.Tensor:
+    """Which block positions have a label that is the target's own continuation from the anchor, [nb, b] bool.
+
+    agree [nb, b]: the recorded token at each block position equals the target's prediction there (always true
+    for regenerated data). A teacher-forced label at position k is the target's prediction given the *recorded*
+    tokens before it, so it continues the target's own greedy path only while positions 1..k-1 all agree; after
+    the first disagreement it answers a context the drafted block never has. Positions 0 and 1 are always valid.
+    """
+    ok = torch.ones_like(agree, dtype=torch.bool)
+    ok[:, 2:] = agree[:, 1:-1].long().cumprod(-1).bool()
+    return ok
 
 
 def partial_mask(n_blocks: int, block_size: int, prob: float, generator: torch.Generator) -> torch.Tensor:

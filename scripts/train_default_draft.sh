@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The default draft's training campaign, stage by stage; every stage resumes where it stopped.
+#   bash scripts/train_default_draft.sh data|ablate|fit|curve|collect|eval|report
+# Run one stage at a time with nothing else heavy on the machine (2 cores: a parallel job slows both 5-10x).
+# Long stages: nohup bash scripts/train_default_draft.sh fit > runs/fit.log 2>&1 &
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+THREADS=${THREADS:-2}
+STEPS=${STEPS:-12000}
+RES=results/training
+FIT=(--data data/tf1 --layers 1 --layer-ids 1,15,27 --block-size 8 --steps "$STEPS" --seqs-per-step 5
+     --anchors-per-seq 16 --lr 8e-4 --kl-weight 0 --partial-prob 0 --draft-vocab 8192 --threads "$THREADS"
+     --ckpt-every 500 --eval-every 500 --snapshot-base 250)
+CURVE=(--prompts sharegpt-heldout --limit 16 --max-new-tokens 64 --threads "$THREADS")
+
+case "${1:-}" in
+  data)  # teacher-forced data: ShareGPT replies through the target once, labels = its own predictions
+    $PY -m dflash train data-tf --out data/tf1 --conversations 30000 --layers 1,15,27 --batch-size 16 --threads "$THREADS" ;;
+  ablate)  # the same schedule, two variants, stopped at step 1000; the better one is resumed by `fit`
+    $PY -m dflash train fit "${FIT[@]}" --onpolicy-blocks 0 --out runs/tf-all --stop-at 1000
+    $PY -m dflash train fit "${FIT[@]}" --onpolicy-blocks 1 --out runs/onpolicy --stop-at 1000
+    for r in tf-all onpolicy; do
+      $PY scripts/training_curve.py --run runs/$r --out $RES/$r/curve.jsonl --label $r "${CURVE[@]}" --steps 1000
+    done ;;
+  fit)  # resume the chosen run to the end of its schedule
+    $PY -m dflash train fit "${FIT[@]}" --onpolicy-blocks "${ONPOLICY:-1}" --out "runs/${RUN:-onpolicy}" --stop-at "${STOP_AT:-0}" ;;
+  curve)
+    $PY scripts/training_curve.py --run "runs/${RUN:-onpolicy}" --out "$RES/${RUN:-onpolicy}/curve.jsonl" --label "${RUN:-onpolicy}" \
+      "${CURVE[@]}" --steps "${CURVE_STEPS:-250,1000,4000,8000,10000}" --png assets/draft-smollm2-135m/tau_curve.png ;;
+  eval)  # the shipped draft with the real loop (interleaved with the no-draft loop where a speedup is reported)
+    E=($PY -m dflash train eval --draft assets/draft-smollm2-135m --threads "$THREADS" --quiet)
+    "${E[@]}" --prompts mt-bench --limit 80 --max-new-tokens 128 --output $RES/eval-mtbench.json
+    "${E[@]}" --prompts humaneval --limit 80 --max-new-tokens 128 --no-baseline --output $RES/eval-humaneval.json
+    "${E[@]}" --prompts mt-bench --limit 12 --max-new-tokens 64 --temperature 0.7 --output $RES/eval-mtbench-t0.7.json ;;
+  collect)  # the logs TRAINING.md is generated from, and the chosen draft into assets/
+    for r in tf-all onpolicy; do
+      mkdir -p $RES/$r && cp runs/$r/runs.jsonl $RES/$r/ && gzip -c runs/$r/train_log.jsonl > $RES/$r/train_log.jsonl.gz
+    done
+    cp runs/${RUN:-onpolicy}/{config.json,model.safetensors,draft_vocab.safetensors} assets/draft-smollm2-135m/ ;;
+  report)
+    $PY scripts/training_report.py ;;
+  *) echo "usage: $0 data|ablate|fit|curve|collect|eval|report" >&2; exit 2 ;;
+esac

@@ -1,0 +1,287 @@
+"""Write assets/draft-smollm2-135m/TRAINING.md and evaluation.json from the committed results in results/training/.
+
+    python scripts/training_report.py
+
+Every number in TRAINING.md comes from these files (nothing is typed by hand):
+  data-*.log                     the data stage's own progress log (throughput, tokens)
+  <run>/runs.jsonl               one line per start/resume of `train fit`: config, corpus size, machine + CPU flags
+  <run>/train_log.jsonl.gz       the fit's per-step log
+  <run>/curve.jsonl              real-loop τ at the log-spaced snapshots (scripts/training_curve.py)
+  eval-*.json                    `train eval --output` (real loop, interleaved with the no-draft loop)
+The main run is the one named in results/training/shipped.json ({"run": ..., "ablations": [...]}).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RES = ROOT / "results" / "training"
+DRAFT = ROOT / "assets" / "draft-smollm2-135m"
+
+
+def jsonl(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return [json.loads(x) for x in f if x.strip()]
+
+
+def data_rows() -> list[str]:
+    rows = ["| set | shards | response tokens | wall time | response tok/s | command |", "|---|---|---|---|---|---|"]
+    for log in sorted(RES.glob("data-*.log")):
+        text = log.read_text()
+        hits = re.findall(r"shard (\d+)/(\d+).*?: (\d+) response tokens, ([\d.]+) tok/s", text)
+        cmd = re.search(r"^# command: (.*)$", text, re.M)
+        if not hits:
+            continue
+        shard, total, tokens, rate = hits[-1]
+        secs = int(tokens) / float(rate)
+        rows.append(f"| {log.stem[5:]} | {shard} of {total} | {int(tokens):,} | {secs / 60:.0f} min | {float(rate):.0f} | "
+                    f"`{cmd.group(1) if cmd else '?'}` |")
+    return rows
+
+
+def window_mean(log: list[dict], step: int, key: str, width: int = 50) -> float | None:
+    vals = [r[key] for r in log if step - width < r["step"] <= step and key in r]
+    return sum(vals) / len(vals) if vals else None
+
+
+def nearest(log: list[dict], step: int, key: str) -> float | None:
+    have = [r for r in log if key in r and r["step"] <= step]
+    return have[-1][key] if have else None
+
+
+def fmt(x, spec: str = ".3f") -> str:
+    return "" if x is None else format(x, spec)
+
+
+def curve_rows(run: str) -> list[str]:
+    curve = sorted(jsonl(RES / run / "curve.jsonl"), key=lambda r: r["step"])
+    log = jsonl(RES / run / "train_log.jsonl.gz")
+    rows = ["| step | supervised positions | loss (50-step mean) | train acc | held-out τ_tf | real-loop τ "
+            "| histogram (accepted + 1) |",
+            "|---|---|---|---|---|---|---|"]
+    for c in curve:
+        hist = " / ".join(f"{k}: {v}" for k, v in c["histogram"].items())
+        rows.append(f"| {c['step']:,} | {int(c['positions']):,} | {fmt(window_mean(log, c['step'], 'loss'))} | "
+                    f"{fmt(window_mean(log, c['step'], 'acc'))} | {fmt(nearest(log, c['step'], 'tau_tf'))} | "
+                    f"**{c['tau']:.3f}** | {hist} |")
+    return rows
+
+
+def eval_rows() -> tuple[list[str], dict]:
+    rows = ["| prompts | n | new tokens | temperature | τ | histogram (accepted + 1) | speedup vs no-draft "
+            "| identical to no-draft |",
+            "|---|---|---|---|---|---|---|---|"]
+    summary = {}
+    for path in sorted(RES.glob("eval-*.json")):
+        d = json.loads(path.read_text())
+        hist = " / ".join(f"{k}: {v}" for k, v in d["histogram"].items())
+        sp = f"{d['speedup']:.2f}×" if "speedup" in d else "(not run)"
+        ident = f"{d['identical']}/{d['n_prompts']}" if "identical" in d else ""
+        rows.append(f"| {d['prompts']} | {d['n_prompts']} | {d['max_new_tokens']} | {d.get('temperature', 0.0)} | "
+                    f"**{d['tau']:.2f}** | {hist} | {sp} | {ident} |")
+        summary[path.stem[5:]] = {k: d.get(k) for k in ("prompts", "n_prompts", "max_new_tokens", "temperature", "tau",
+                                                          "speedup", "identical")}
+        summary[path.stem[5:]]["cpu"] = d["machine"]["cpu_model"]
+        summary[path.stem[5:]]["cpu_flags"] = d["machine"].get("cpu_flags")
+    return rows, summary
+
+
+def ablation_rows(runs: list[dict], at: int) -> list[str]:
+    rows = [f"| run | change | real-loop τ at step {at:,} | held-out τ_tf | supervised positions | s/step |",
+            "|---|---|---|---|---|---|"]
+    for run in runs:
+        curve = {r["step"]: r for r in jsonl(RES / run["run"] / "curve.jsonl")}
+        log = jsonl(RES / run["run"] / "train_log.jsonl.gz")
+        if at in curve:
+            rows.append(f"| {run['run']} | {run['change']} | **{curve[at]['tau']:.3f}** | {fmt(nearest(log, at, 'tau_tf'))} | "
+                        f"{int(curve[at]['positions']):,} | {fmt(window_mean(log, at, 's_per_step'), '.2f')} |")
+    return rows
+
+
+def wall_seconds(log: list[dict], starts: list[int]) -> float:
+    """Fit time: `s_per_step` is the running mean since each (re)start, so each segment's last row times its length."""
+    ends = starts[1:] + [log[-1]["step"]]
+    by_step = {r["step"]: r for r in log}
+    return sum(by_step[e]["s_per_step"] * (e - s) for s, e in zip(starts, ends) if e in by_step and e > s)
+
+
+def slope_per_doubling(run: str) -> tuple[float, float, float]:
+    """Least-squares slope of real-loop τ against log2(supervised positions) over the curve's points from step
+    1,000 on (the first points are the warm-up). Returns (slope, last τ, last positions)."""
+    import math
+
+    pts = sorted((r["positions"], r["tau"]) for r in jsonl(RES / run / "curve.jsonl") if r["step"] >= 1000)
+    xs, ys = [math.log2(x) for x, _ in pts], [y for _, y in pts]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
+    return slope, pts[-1][1], pts[-1][0]
+
+
+def draft_table() -> list[str]:
+    cfg = json.loads((DRAFT / "config.json").read_text())
+    size = sum(p.stat().st_size for p in DRAFT.glob("*.safetensors")) / 1e6
+    vocab = ""
+    if (DRAFT / "draft_vocab.safetensors").is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(DRAFT / "draft_vocab.safetensors"), "pt") as f:
+            vocab = f"{f.get_slice('token_ids').get_shape()[0]:,}"
+    return ["| | |", "|---|---|",
+            "| format | z-lab DFlash checkpoint (`config.json`, `model.safetensors`, bf16) |",
+            f"| extension | `draft_vocab.safetensors`: the {vocab} most frequent target tokens; our engine computes the draft head "
+            "only over them (vLLM / SGLang ignore the file and use the full head) |",
+            f"| draft layers | {cfg['num_hidden_layers']}, hidden {cfg['hidden_size']}, {cfg['num_attention_heads']} heads / "
+            f"{cfg['num_key_value_heads']} KV heads, MLP {cfg['intermediate_size']} |",
+            f"| target features | layers {', '.join(map(str, cfg['dflash_config']['target_layer_ids']))} of "
+            f"{cfg['num_target_layers']}, fused by `fc` + `hidden_norm` |",
+            f"| block size | {cfg['block_size']} |",
+            f"| mask token | id {cfg['dflash_config']['mask_token_id']} |",
+            f"| size | {size:.1f} MB |"]
+
+
+def verdict(ev: dict) -> str:
+    """The issue's targets against the measured numbers."""
+    checks = []
+    for key, name, need in (("mtbench", "MT-Bench", 2.0), ("humaneval", "HumanEval", 2.2)):
+        if key in ev:
+            ok = "met" if ev[key]["tau"] >= need else "**not met**"
+            checks.append(f"{name} τ = {ev[key]['tau']:.2f} (target ≥ {need}: {ok})")
+    if ev.get("mtbench", {}).get("speedup"):
+        sp = ev["mtbench"]["speedup"]
+        checks.append(f"DFlash at {sp:.2f}× the no-draft loop's speed on MT-Bench ({'faster' if sp > 1 else '**slower**'})")
+    return "**Status:** " + "; ".join(checks) + "." if checks else ""
+
+
+def main() -> None:
+    shipped = json.loads((RES / "shipped.json").read_text())
+    run = shipped["run"]
+    starts = jsonl(RES / run / "runs.jsonl")
+    cfg, machine = starts[-1]["config"], starts[-1]["machine"]  # the last (re)start: the config that finished
+    log = jsonl(RES / run / "train_log.jsonl.gz")
+    last = log[-1]
+    hours = wall_seconds(log, [r["step"] for r in starts]) / 3600
+    ev_rows, ev = eval_rows()
+    slope, last_tau, last_pos = slope_per_doubling(run)
+    flags = ", ".join(machine.get("cpu_flags") or [])
+    curve_cmd = shipped.get("curve_command", "")
+    text = TEMPLATE.format(
+        data_table="\n".join(data_rows()),
+        steps=last["step"], positions=int(sum(r.get("positions", 0) for r in log)), hours=hours,
+        corpus_tokens=starts[0]["corpus_tokens"], corpus_seqs=starts[0]["corpus_sequences"],
+        vocab=starts[0]["draft_vocab"], cfg=json.dumps({k: v for k, v in cfg.items() if k not in ("data", "out")}),
+        fit_cmd=shipped.get("fit_command", ""), curve_table="\n".join(curve_rows(run)), curve_cmd=curve_cmd,
+        ablation_table="\n".join(ablation_rows(shipped.get("ablations", []), shipped.get("ablation_step", 1000))),
+        eval_table="\n".join(ev_rows), eval_cmds="\n".join(f"    {c}" for c in shipped.get("eval_commands", [])),
+        cpu=machine["cpu_model"], flags=flags, torch=machine["torch"], threads=cfg.get("threads"),
+        s_per_step=wall_seconds(log, [r["step"] for r in starts]) / last["step"], verdict=verdict(ev),
+        draft_table="\n".join(draft_table()), first_loss=log[0]["loss"], ln_v=math.log(starts[0]["draft_vocab"]),
+        slope=slope, last_tau=last_tau, x10_tau=last_tau + slope * math.log2(10), last_pos=last_pos)
+    (DRAFT / "TRAINING.md").write_text(text)
+    readme_status(ev, starts[0]["corpus_tokens"], last["step"], hours)
+    (DRAFT / "evaluation.json").write_text(json.dumps({"run": run, "evaluations": ev}, indent=1) + "\n")
+
+
+def readme_status(ev: dict, tokens: int, steps: int, hours: float) -> None:
+    """The README's paragraph on the default draft, between its draft-status markers."""
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    begin, end = "<!-- draft-status:begin (scripts/training_report.py) -->", "<!-- draft-status:end -->"
+    if begin not in text or "mtbench" not in ev:
+        return
+    mt = ev["mtbench"]
+    others = ", ".join(f"{ev[k]['prompts']} τ = {ev[k]['tau']:.2f}" for k in ("humaneval", "sharegpt-heldout") if k in ev)
+    sp = mt["speedup"]
+    body = (f"> **Status of the default draft.** Trained by this repository's pipeline on a 2-core CPU ({tokens:,} "
+            f"target-labelled tokens, {steps:,} steps, {hours:.1f} h of fit). On {mt['n_prompts']} MT-Bench first turns "
+            f"it reaches **τ = {mt['tau']:.2f}** tokens per target step ({others}); on the CPU it was measured on "
+            f"({mt['cpu']}) DFlash ran at **{sp:.2f}×** the speed of plain autoregressive decoding "
+            f"({'faster' if sp > 1 else 'slower'}), with greedy output identical to the target's on "
+            f"{mt['identical']}/{mt['n_prompts']} prompts. Speed depends on the CPU: the playground's \"Compare with "
+            "autoregressive\" measures it on yours. Numbers and commands: "
+            "[TRAINING.md](assets/draft-smollm2-135m/TRAINING.md), [BENCHMARKS.md](BENCHMARKS.md).")
+    head, rest = text.split(begin, 1)
+    readme.write_text(head + begin + "\n" + body + "\n" + end + rest.split(end, 1)[1])
+
+
+TEMPLATE = """# The default draft: DFlash for SmolLM2-135M-Instruct, trained on a 2-core CPU
+
+Generated by `python scripts/training_report.py` from the logs and evaluations in `results/training/` (do not
+edit by hand). Host of the training run: {cpu}, SIMD flags {flags}, torch {torch}, {threads} threads.
+
+{verdict}
+
+## What it is
+
+{draft_table}
+
+## Evaluation with the real loop
+
+The engine's own loop, greedy unless a temperature is given, block size 8, one denoising step; each prompt runs
+with the draft and then without it in the same process (speedup = total no-draft decode time per token / total
+DFlash decode time per token; float32 on the host above).
+
+{eval_table}
+
+Commands:
+
+{eval_cmds}
+
+## Data (`python -m dflash train data-tf`)
+
+ShareGPT's recorded replies (English first turns, prompt ≤ 160 tokens, reply ≤ 256 tokens), each run once
+through the target; the label of every position is the **target's own greedy prediction** there. Shards are
+length-sorted inside windows of 32 batches, so any prefix of the shards is a fair sample of the whole set.
+The held-out ShareGPT split (2 %, chosen by a hash of the conversation id) is never used for training.
+
+{data_table}
+
+## Training (`python -m dflash train fit`)
+
+{steps:,} steps, {positions:,} supervised positions, about {hours:.1f} h at {s_per_step:.2f} s/step. Corpus:
+{corpus_seqs:,} sequences, {corpus_tokens:,} response tokens (memory-mapped shards; only the fused layers'
+columns are read). Draft vocabulary: {vocab:,} tokens (the most frequent target labels, FR-Spec style).
+
+    {fit_cmd}
+
+Configuration: `{cfg}`
+
+Teacher-forced labels and the block: a label at block position k is the target's prediction given the
+*recorded* tokens before it. With `onpolicy_blocks` on, position k is supervised only while the recorded
+tokens at positions 1..k-1 equal the target's own predictions, i.e. only where the label is the target's own
+greedy continuation from the anchor — what the drafted block must match at inference.
+
+## τ against supervised positions
+
+Real-loop τ of the snapshots kept at steps 250·2^k (and the last step), on a fixed held-out set.
+
+![τ curve](tau_curve.png)
+
+{curve_table}
+
+    {curve_cmd}
+
+Over the points from step 1,000 on, τ rose by **{slope:.3f} per doubling** of supervised positions (least
+squares on log2 positions). If that slope held, 10× more supervised positions than the last point
+({last_pos:,.0f}) would give τ ≈ {x10_tau:.2f} on this set — an extrapolation, not a measurement.
+
+The first step's loss was {first_loss:.0f} against ln |V_draft| = {ln_v:.1f}: through the tied head, the final-normed
+MASK embedding (the whole residual stream of a fresh draft) scores the tokens near it with very large logits. The
+first few steps remove it; it is a transient, not a lever.
+
+## Ablation
+
+Both runs share the main run's data, seed and schedule and stop at the step shown; the better one was resumed
+to the end of the schedule (the resume is exact: same batches, same optimizer state).
+
+{ablation_table}
+"""
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""`python -m dflash generate` through a subprocess, as a user runs it: bad options get one line naming the option
+and exit status 2 (never a traceback), Ctrl-C stops cleanly with the partial output and a complete trace."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash.draft import DFlashDraftModel, DraftConfig, save_draft
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A tiny Llama target directory (no tokenizer: --prompt-ids only) and a draft that does not fit it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tmp = tmp_path_factory.mktemp("cli")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=128, max_position_embeddings=8192, initializer_range=0.3, eos_token_id=None,
+                      bos_token_id=None, pad_token_id=None)
+    LlamaForCausalLM(cfg).save_pretrained(tmp / "target")
+    wrong = DraftConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                        intermediate_size=64, vocab_size=256, num_target_layers=2, block_size=4, mask_token_id=255,
+                        target_layer_ids=[1])
+    save_draft(DFlashDraftModel(wrong), tmp / "wrong-draft")
+    return tmp
+
+
+def generate(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dflash", "generate", *args], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def assert_option_error(proc: subprocess.CompletedProcess, option: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]  # besides transformers' load progress
+    assert len(errors) == 1 and option in errors[0] and proc.stderr.rstrip().endswith(errors[0]), proc.stderr
+
+
+@pytest.mark.parametrize("args,option", [
+    (["--threads", "-1"], "--threads"),
+    (["--device", "foo"], "--device"),
+    (["--device", "tpu"], "--device"),
+])
+def test_bad_model_options_name_the_option(models, args, option):
+    assert_option_error(generate("--target", str(models / "target"), "--prompt-ids", "1,2", *args), option)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_cuda_without_cuda_is_an_option_error(models):
+    assert_option_error(generate("--target", str(models / "target"), "--prompt-ids", "1,2", "--device", "cuda"), "--device")
+
+
+def test_unwritable_trace_fails_before_the_model_loads(models):
+    proc = generate("--target", str(models / "target"), "--prompt-ids", "1,2", "--trace", "/nonexistent/dir/x.jsonl")
+    assert_option_error(proc, "--trace")
+    assert "[loaded" not in proc.stderr
+
+
+def test_a_draft_for_another_target_is_refused_with_its_reason(models):
+    proc = generate("--target", str(models / "target"), "--draft", str(models / "wrong-draft"), "--prompt-ids", "1,2")
+    assert_option_error(proc, "draft: hidden size 32")
+
+
+def test_json_output_and_trace_of_a_normal_run(models, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    proc = generate("--target", str(models / "target"), "--no-draft", "--prompt-ids", "5,6,7", "--max-new-tokens", "9",
+                    "--json", "--trace", str(trace))
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["finish_reason"] == "length" and len(out["output_ids"]) == 9
+    last = json.loads(trace.read_text().splitlines()[-1])
+    assert last["type"] == "Finished" and last["output_ids"] == out["output_ids"]
+
+
+def test_ctrl_c_stops_cleanly_with_partial_output_and_a_complete_trace(models, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "dflash", "generate", "--target", str(models / "target"), "--no-draft",
+                             "--prompt-ids", "5,6,7", "--max-new-tokens", "4000", "--json", "--trace", str(trace)],
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not trace.exists() or trace.read_text().count('"Commit"') < 5):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    out = json.loads(stdout)
+    assert out["finish_reason"] == "cancelled" and 5 <= len(out["output_ids"]) < 4000
+    last = json.loads(trace.read_text().splitlines()[-1])
+    assert last["type"] == "Finished" and last["reason"] == "cancelled" and last["output_ids"] == out["output_ids"]
