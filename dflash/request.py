@@ -34,7 +34,11 @@ def _int(name: str, value: Any, lo: int, hi: int) -> None:
 def _float(name: str, value: Any, lo: float, hi: float, lo_open: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValidationError(name, f"must be a number, got {value!r}")
-    if not math.isfinite(value):
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an int beyond float range (e.g. 10**400 sent through the API)
+        raise ValidationError(name, f"must be in [{lo}, {hi}], got a number too large to represent") from None
+    if not finite:
         raise ValidationError(name, f"must be a finite number, got {value}")
     if (value <= lo if lo_open else value < lo) or value > hi:
         raise ValidationError(name, f"must be in {'(' if lo_open else '['}{lo}, {hi}], got {value}")
@@ -68,6 +72,10 @@ class Request:
                 raise ValidationError("prompt", "must be a non-empty string")
             if len(self.prompt) > MAX_PROMPT_CHARS:
                 raise ValidationError("prompt", f"is {len(self.prompt)} characters; the limit is {MAX_PROMPT_CHARS}")
+            try:
+                self.prompt.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate (possible in JSON "\ud800"): no tokenizer can take it
+                raise ValidationError("prompt", "contains text that is not valid Unicode (a lone surrogate)") from None
         else:
             ids = self.prompt_ids
             if not isinstance(ids, (tuple, list)) or not ids:

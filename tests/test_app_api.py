@@ -106,8 +106,9 @@ def raw_call(app, api_name: str, body: str) -> str:
     ("top_p", "Infinity", "top_p: must be a finite number, got inf"),
     ("block_size", "NaN", "block_size: must be an integer in [1, 64], got nan"),
     ("confidence", "-Infinity", "confidence_threshold: must be a finite number"),
+    ("prompt", '"bad \\ud800 text"', "prompt: contains text that is not valid Unicode"),  # a lone surrogate in JSON
 ])
-def test_nan_and_infinity_are_refused_by_name(app, name, value, message):
+def test_values_a_client_library_cannot_send_are_refused_by_name(app, name, value, message):
     data = [json.dumps(v) for v in args()] + ["[]"]  # + the history State
     data[CONTROL_KEYS.index(name)] = value
     assert message in raw_call(app, "generate", "[" + ", ".join(data) + "]")
@@ -124,6 +125,7 @@ def test_nan_and_infinity_are_refused_by_name(app, name, value, message):
     ({"seed": -1}, "seed: must be in [0,"),
     ({"adaptive": "yolo"}, "adaptive: must be one of fixed, slow-start, cost"),
     ({"preset": "../../etc/passwd"}, "preset: unknown preset"),
+    ({"temperature": 10**400}, "temperature: must be in [0.0, 2.0], got a number too large to represent"),
 ])
 def test_bad_parameters_come_back_as_clear_errors(app, over, message):
     with pytest.raises(AppError) as info:
