@@ -34,7 +34,7 @@ def knob_rows() -> str:
 body = f"""## Headline tables (default models, the previous draft)
 
 **These tables were measured on 2026-11-29 with the draft shipped then (τ ≈ 1.2), not the current one.** The
-current draft's real-loop evaluation — τ on all 80 MT-Bench first turns and 80 HumanEval problems, and on MT-Bench
+current draft's real-loop evaluation — τ on all 80 MT-Bench first turns and 40 HumanEval problems, and on MT-Bench
 its speed against the no-draft loop, interleaved in one process — is generated into
 [assets/draft-smollm2-135m/TRAINING.md](assets/draft-smollm2-135m/TRAINING.md) from `results/training/`.
 `scripts/final_bench.sh` re-measures these four-method tables with whatever draft is installed.

@@ -31,7 +31,7 @@ case "${1:-}" in
   eval)  # the shipped draft with the real loop (interleaved with the no-draft loop where a speedup is reported)
     E=($PY -m dflash train eval --draft assets/draft-smollm2-135m --threads "$THREADS" --quiet)
     "${E[@]}" --prompts mt-bench --limit 80 --max-new-tokens 128 --output $RES/eval-mtbench.json
-    "${E[@]}" --prompts humaneval --limit 80 --max-new-tokens 128 --no-baseline --output $RES/eval-humaneval.json
+    "${E[@]}" --prompts humaneval --limit 40 --max-new-tokens 128 --no-baseline --output $RES/eval-humaneval.json
     "${E[@]}" --prompts mt-bench --limit 12 --max-new-tokens 64 --temperature 0.7 --output $RES/eval-mtbench-t0.7.json ;;
   collect)  # the logs TRAINING.md is generated from, and the chosen draft into assets/
     for r in tf-all onpolicy; do

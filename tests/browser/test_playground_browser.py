@@ -7,6 +7,7 @@ missing.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import time
@@ -140,6 +141,7 @@ def test_controls_explain_themselves_and_reset(app, browser):
 
 @pytest.mark.slow
 def test_short_generation_with_the_default_models(browser):
+    from dflash.registry import get_preset
     from ui.engines import load_preset
 
     torch.set_num_threads(2)
@@ -153,7 +155,10 @@ def test_short_generation_with_the_default_models(browser):
         if engine.drafter is None:
             expect(page.locator("#notice")).to_contain_text("No trained draft is installed yet")
         else:
-            expect(page.locator("#notice")).to_contain_text("slower than plain decoding")
+            # The notice states the draft's measured τ and speed, from the committed evaluation file.
+            mt = json.loads((Path(get_preset("default").draft) / "evaluation.json").read_text())["evaluations"]["mtbench"]
+            expect(page.locator("#notice")).to_contain_text(f"τ = {mt['tau']:.2f}")
+            expect(page.locator("#notice")).to_contain_text(f"{mt['speedup']:.2f}× the speed of plain decoding")
         page.locator("#prompt textarea").fill("What is 2 + 2?")
         set_slider(page, "max-new-tokens", 6)
         page.click("#generate")
