@@ -135,8 +135,8 @@ def draft_table() -> list[str]:
             vocab = f"{f.get_slice('token_ids').get_shape()[0]:,}"
     return ["| | |", "|---|---|",
             "| format | z-lab DFlash checkpoint (`config.json`, `model.safetensors`, bf16) |",
-            f"| extension | `draft_vocab.safetensors`: the {vocab} most frequent target tokens; our engine computes the draft head "
-            "only over them (vLLM / SGLang ignore the file and use the full head) |",
+            f"| extension | `draft_vocab.safetensors`: the {vocab} most frequent target tokens; our engine computes the draft "
+            "head only over them (vLLM / SGLang ignore the file and use the full head) |",
             f"| draft layers | {cfg['num_hidden_layers']}, hidden {cfg['hidden_size']}, {cfg['num_attention_heads']} heads / "
             f"{cfg['num_key_value_heads']} KV heads, MLP {cfg['intermediate_size']} |",
             f"| target features | layers {', '.join(map(str, cfg['dflash_config']['target_layer_ids']))} of "
@@ -198,7 +198,8 @@ def readme_status(ev: dict, tokens: int, steps: int, hours: float) -> None:
     if begin not in text or "mtbench" not in ev:
         return
     mt = ev["mtbench"]
-    others = ", ".join(f"{ev[k]['prompts']} τ = {ev[k]['tau']:.2f}" for k in ("humaneval", "sharegpt-heldout") if k in ev)
+    names = {"humaneval": "HumanEval", "sharegpt-heldout": "held-out ShareGPT"}
+    others = ", ".join(f"{names[k]} ({ev[k]['n_prompts']} prompts) τ = {ev[k]['tau']:.2f}" for k in names if k in ev)
     others = f" ({others})" if others else ""
     sp = mt["speedup"]
     body = (f"> **Status of the default draft.** Trained by this repository's pipeline on a 2-core CPU ({tokens:,} "
