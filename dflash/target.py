@@ -137,6 +137,19 @@ def load_target_model(source: str, **gpu):
         raise ModelLoadError(f"target: cannot load {source}: not a local directory, not in the hub cache, and the hub is unreachable") from None
 
 
+def chat_prompt_ids(tokenizer, prompt: str | list[dict]) -> list[int]:
+    """A user prompt (or a whole chat history of messages) through the tokenizer's chat template, ending with the
+    assistant's generation prompt.
+
+    enable_thinking=False: Qwen3's template then writes an empty think block and the model answers directly, as
+    the public z-lab Qwen3 drafts were trained and benchmarked; templates that never read the variable (SmolLM2,
+    Llama 3.1) render exactly as without it.
+    """
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=False, return_dict=True)
+    return list(out["input_ids"])
+
+
 # -- CUDA loading: bitsandbytes quantization and accelerate device maps ------------------------------------
 # Modules the engine calls directly (embedding, rotary table, final norm, LM head) stay on the first device of a
 # split model, so token ids, draft hidden states, noise and logits all live on one device.

@@ -3,6 +3,12 @@ lossy). No model, no cache, no global RNG: noise comes in as tensors.
 
 Shapes: a block verifies `n` drafted tokens with `n + 1` target rows — row i is the target's distribution for
 the position of draft token i; the last row gives the bonus token when every draft token is accepted.
+
+Devices: every tensor a rule creates is on the device of the target logits (or probabilities); draft tokens,
+draft probabilities and noise on another device are moved there, as the Triton kernels' wrappers do.
+
+These functions are also the specification of the Triton kernels in the top-level `kernels` package (the
+batched forms at the end are what the kernels compute); `dflash.verify_dispatch` picks one or the other.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash.sampling import filter_logits
+from dflash.sampling import filter_logits, target_probs
 
 
 @dataclass(frozen=True)
@@ -23,9 +29,12 @@ class Outcome:
     relaxed: list[bool]  # per accepted draft token: accepted only because of the acceptance threshold
 
 
-def _check_ids(draft_tokens: torch.Tensor, vocab: int) -> None:
-    if draft_tokens.numel() and (int(draft_tokens.min()) < 0 or int(draft_tokens.max()) >= vocab):
-        raise ValueError(f"draft token id out of range [0, {vocab})")
+def check_draft_ids(draft_tokens: torch.Tensor, vocab: int) -> None:
+    """ValueError unless every id is in [0, vocab); one device→host copy."""
+    if draft_tokens.numel():
+        lo, hi = torch.stack(torch.aminmax(draft_tokens)).tolist()
+        if lo < 0 or hi >= vocab:
+            raise ValueError(f"draft token id out of range [0, {vocab})")
 
 
 def match_verify(
@@ -44,14 +53,17 @@ def match_verify(
     prefix, except where `acceptance_threshold` < 1 relaxes it (lossy, opt-in): then a draft token x is also
     accepted when p(x) >= a * max_v p(v) under the (tempered, filtered) target distribution.
     """
+    dev = target_logits.device
+    draft_tokens = draft_tokens.to(dev)
     n = draft_tokens.shape[0]
     vocab = target_logits.shape[-1]
-    _check_ids(draft_tokens, vocab)
+    check_draft_ids(draft_tokens, vocab)
     logits = target_logits.float()
     scaled = logits if temperature == 0.0 else filter_logits(logits / temperature, top_k, top_p)  # [n+1, V]
-    choice = scaled.argmax(-1) if (temperature == 0.0 or gumbel is None) else (scaled + gumbel).argmax(-1)  # [n+1]
+    sampled = temperature > 0.0 and gumbel is not None
+    choice = (scaled + gumbel.to(dev)).argmax(-1) if sampled else scaled.argmax(-1)  # [n+1]
     exact = (draft_tokens == choice[:n])  # [n]
-    relaxed = torch.zeros(n, dtype=torch.bool)
+    relaxed = torch.zeros(n, dtype=torch.bool, device=dev)
     if acceptance_threshold < 1.0 and n:
         # log p(x) - log max p >= log a, computed on logits (softmax normaliser cancels).
         gap = scaled[:n].gather(-1, draft_tokens[:, None]).squeeze(-1) - scaled[:n].max(-1).values  # [n]
@@ -76,11 +88,13 @@ def rejection_verify(
     at the first rejection draw from norm(max(0, p - q)); after a full block draw the bonus from p.
     The emitted tokens are distributed exactly as the target's own samples.
     """
+    dev = target_probs.device
     n = draft_tokens.shape[0]
     vocab = target_probs.shape[-1]
-    _check_ids(draft_tokens, vocab)
+    draft_tokens = draft_tokens.to(dev)
+    check_draft_ids(draft_tokens, vocab)
     p = target_probs.float()
-    q = draft_probs.float()
+    q = draft_probs.to(device=dev, dtype=torch.float32)
     idx = draft_tokens[:, None]
     p_x = p[:n].gather(-1, idx).squeeze(-1).tolist()  # [n]
     q_x = q.gather(-1, idx).squeeze(-1).tolist()
@@ -97,7 +111,53 @@ def rejection_verify(
         row = residual
     else:
         row = p[n]
-    next_token = int((torch.log(row) + gumbel[accepted_len]).argmax())
+    next_token = int((torch.log(row) + gumbel[accepted_len].to(dev)).argmax())
     targets = p.argmax(-1).tolist()
     targets[accepted_len] = next_token
     return Outcome(accepted_len, next_token, targets, [False] * accepted_len)
+
+
+def speculative_verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_logits: torch.Tensor,
+                       temperature: float, top_k: int, top_p: float, uniforms: list[float] | torch.Tensor,
+                       gumbel: torch.Tensor) -> Outcome:
+    """The rejection rule from the target's logits: p = target_probs(logits, T, top_k, top_p), then `rejection_verify`.
+
+    draft_tokens [n] drawn from draft_probs q [n, V]; target_logits [n+1, V]; uniforms n floats; gumbel [n+1, V].
+    """
+    p = target_probs(target_logits, temperature, top_k, top_p)
+    u = uniforms.tolist() if isinstance(uniforms, torch.Tensor) else list(uniforms)
+    return rejection_verify(draft_tokens, draft_probs, p, u, gumbel)
+
+
+# -- batched forms: B independent sequences, the kernels' interface -----------------------------------------------
+def match_verify_batched(draft_tokens: torch.Tensor, target_logits: torch.Tensor, temperature: float = 0.0,
+                         top_k: int = 0, top_p: float = 1.0, gumbel: torch.Tensor | None = None,
+                         acceptance_threshold: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[B, n], [B, n+1, V], gumbel [B, n+1, V] | None → (accepted_len [B], next_token [B], target_tokens [B, n+1],
+    relaxed [B, n] bool; False past accepted_len), on the logits' device."""
+    bsz, rows, _ = target_logits.shape
+    outs = [match_verify(draft_tokens[b], target_logits[b], temperature, top_k, top_p,
+                         None if gumbel is None else gumbel[b], acceptance_threshold) for b in range(bsz)]
+    relaxed = [o.relaxed + [False] * (rows - 1 - o.accepted_len) for o in outs]
+    return _stacked(outs, target_logits.device, rows) + (
+        torch.tensor(relaxed, dtype=torch.bool, device=target_logits.device).reshape(bsz, rows - 1),)
+
+
+def speculative_verify_batched(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_logits: torch.Tensor,
+                               temperature: float, top_k: int, top_p: float, uniforms: torch.Tensor,
+                               gumbel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[B, n], q [B, n, V], [B, n+1, V], uniforms [B, n], gumbel [B, n+1, V] → (accepted_len [B], next_token [B],
+    target_tokens [B, n+1]), on the logits' device."""
+    bsz, rows, _ = target_logits.shape
+    outs = [speculative_verify(draft_tokens[b], draft_probs[b], target_logits[b], temperature, top_k, top_p,
+                               uniforms[b], gumbel[b]) for b in range(bsz)]
+    return _stacked(outs, target_logits.device, rows)
+
+
+def _stacked(outs: list[Outcome], device: torch.device, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(accepted_len [B], next_token [B], target_tokens [B, rows]) long tensors on `device`."""
+    def long(values: list) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=device)
+
+    return (long([o.accepted_len for o in outs]), long([o.next_token for o in outs]),
+            long([o.target_tokens for o in outs]).reshape(len(outs), rows))

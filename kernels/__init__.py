@@ -1,118 +1,17 @@
-"""Verification kernels with dispatch: Triton on CUDA when importable, the PyTorch reference elsewhere.
+"""Triton kernels for speculative-decoding verification, with their launch code. Nothing else.
 
-The engine calls `match_verify` and `speculative_verify` from here; both return `dflash.verify.Outcome`.
-`kernels.reference` is the specification (it calls `dflash.verify`), so on CPU the engine's behaviour is
-bit-identical to calling `dflash.verify` directly.
+- `greedy_verify_triton.match_verify_batched`: the *match* rule (greedy, the target's own Gumbel-max sample,
+  the relaxed threshold) over a block of B sequences.
+- `spec_sample_triton.speculative_verify_batched`: lossless speculative sampling (accept / residual / bonus).
+- `_triton_common`: the shared per-row building blocks (top-k / top-p by radix select, running argmax).
+- `compile_check`: compiles every kernel variant for an NVIDIA architecture without a GPU.
 
-Backend choice, per call, from the device of the target logits:
-- `DFLASH_KERNELS=auto` (default): Triton for CUDA tensors when `triton` imports and CUDA is available;
-  the reference otherwise (CPU, or no Triton).
-- `DFLASH_KERNELS=reference`: always the reference (e.g. to compare a run with kernels on and off).
-- `DFLASH_KERNELS=triton`: insist on Triton; on CPU tensors this needs `TRITON_INTERPRET=1` (Triton's
-  interpreter, for tests), and without Triton it raises instead of falling back.
-The Triton modules are imported lazily, so importing this package never imports Triton.
+This package imports nothing from `dflash` (imports run one way: engine → verification → kernels). The PyTorch
+reference each kernel must match, and the choice between kernels and reference (`DFLASH_KERNELS`), live in
+`dflash.verify` and `dflash.verify_dispatch`. Importing the package imports neither torch nor Triton; the kernel
+modules import both.
+
+Name clash: Hugging Face's PyPI package `kernels` (hub-hosted compute kernels) has the same import name. If it is
+installed in the same environment, whichever comes first on `sys.path` wins; run from the repository root (as
+the app, CLI and tests do) so that this directory is the one imported, and do not install both side by side.
 """
-
-from __future__ import annotations
-
-import functools
-import importlib
-import os
-
-import torch
-
-from dflash.verify import Outcome
-from kernels import reference
-
-MODES = ("auto", "triton", "reference")
-
-
-@functools.cache
-def triton_importable() -> bool:
-    try:
-        importlib.import_module("triton")
-        importlib.import_module("triton.language")
-    except Exception:  # noqa: BLE001 — a broken install (missing driver libs, wrong arch) counts as absent
-        return False
-    return True
-
-
-def mode() -> str:
-    value = os.environ.get("DFLASH_KERNELS", "auto").strip().lower() or "auto"
-    if value not in MODES:
-        raise ValueError(f"DFLASH_KERNELS must be one of {', '.join(MODES)}, got {value!r}")
-    return value
-
-
-def backend(device: torch.device | str) -> str:
-    """'triton' or 'reference' for tensors on `device`, following DFLASH_KERNELS (see the module doc)."""
-    device = torch.device(device)
-    chosen = mode()
-    if chosen == "reference":
-        return "reference"
-    if not triton_importable():
-        if chosen == "triton":
-            raise RuntimeError("DFLASH_KERNELS=triton but triton cannot be imported (pip install triton)")
-        return "reference"
-    if device.type == "cuda" and torch.cuda.is_available():
-        return "triton"
-    if chosen == "triton":
-        if os.environ.get("TRITON_INTERPRET") == "1":
-            return "triton"
-        raise RuntimeError(f"DFLASH_KERNELS=triton on {device.type} tensors needs TRITON_INTERPRET=1")
-    return "reference"
-
-
-def _check_ids(draft_tokens: torch.Tensor, vocab: int) -> None:
-    """Same error as dflash.verify, with one device→host copy."""
-    if draft_tokens.numel():
-        lo, hi = torch.stack(torch.aminmax(draft_tokens)).tolist()
-        if lo < 0 or hi >= vocab:
-            raise ValueError(f"draft token id out of range [0, {vocab})")
-
-
-def match_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, gumbel: torch.Tensor | None = None, acceptance_threshold: float = 1.0) -> Outcome:
-    """The *match* rule (greedy / Gumbel-max / relaxed), as `dflash.verify.match_verify`.
-
-    draft_tokens [n] long; target_logits [n+1, V]; gumbel [n+1, V] or None.
-    """
-    if backend(target_logits.device) == "reference":
-        return reference.match_verify(draft_tokens, target_logits, temperature, top_k, top_p, gumbel, acceptance_threshold)
-    from kernels.greedy_verify_triton import match_verify_batched
-
-    d = draft_tokens.to(target_logits.device)
-    _check_ids(d, target_logits.shape[-1])
-    n = d.shape[0]
-    acc, nxt, targets, relaxed = match_verify_batched(
-        d[None], target_logits[None], temperature, top_k, top_p, None if gumbel is None else gumbel[None],
-        acceptance_threshold)
-    flat = torch.cat([acc, nxt, targets[0], relaxed[0].long()]).tolist()  # one copy to the host
-    a = flat[0]
-    return Outcome(a, flat[1], flat[2: n + 3], [bool(v) for v in flat[n + 3: n + 3 + a]])
-
-
-def speculative_verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_logits: torch.Tensor,
-                       temperature: float, top_k: int, top_p: float, uniforms: list[float] | torch.Tensor,
-                       gumbel: torch.Tensor) -> Outcome:
-    """Lossless speculative sampling from the target's logits (temperature, top-k, top-p applied here).
-
-    draft_tokens [n] drawn from draft_probs q [n, V]; target_logits [n+1, V]; uniforms n floats in [0, 1);
-    gumbel [n+1, V]. Same result as `rejection_verify(d, q, target_probs(logits, T, top_k, top_p), u, g)`.
-    """
-    if backend(target_logits.device) == "reference" or draft_tokens.shape[0] == 0:
-        return reference.speculative_verify(draft_tokens, draft_probs, target_logits, temperature, top_k, top_p,
-                                            uniforms, gumbel)
-    from kernels.spec_sample_triton import speculative_verify_batched
-
-    dev = target_logits.device
-    d = draft_tokens.to(dev)
-    _check_ids(d, target_logits.shape[-1])
-    u = torch.as_tensor(uniforms, dtype=torch.float64).to(dev)
-    acc, nxt, targets = speculative_verify_batched(d[None], draft_probs[None], target_logits[None], temperature, top_k,
-                                                   top_p, u[None], gumbel[None])
-    flat = torch.cat([acc, nxt, targets[0]]).tolist()
-    return Outcome(flat[0], flat[1], flat[2:], [False] * flat[0])
-
-
-__all__ = ["MODES", "Outcome", "backend", "match_verify", "mode", "reference", "speculative_verify", "triton_importable"]

@@ -1,6 +1,6 @@
 """Fused lossless speculative sampling (Leviathan et al. 2023 / Chen et al. 2023) over a block — Triton.
 
-Specification: `kernels.reference.speculative_verify_batched` (= `dflash.verify.rejection_verify` applied to
+Specification: `dflash.verify.speculative_verify_batched` (`dflash.verify.rejection_verify` applied to
 `dflash.sampling.target_probs(logits, T, top_k, top_p)` per sequence).
 
 One program per target row i (grid = B · (n + 1)), all rows in parallel:

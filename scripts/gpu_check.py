@@ -1,4 +1,4 @@
-"""The prepared GPU check (issue 7), run by `scripts/gpu_check.sh`: one command, a few minutes on an H200.
+"""The prepared GPU check, run by `scripts/gpu_check.sh`: one command, a few minutes on an H200.
 
 Checks, each recorded in <out>/gpu_check.json and summarised in <out>/gpu_check.md:
 1. kernel_parity — every Triton kernel vs its PyTorch reference (computed on CPU copies: IEEE division, as the
@@ -66,10 +66,10 @@ def env_info(device: str) -> dict:
     import torch
     import transformers
 
-    import kernels
+    from dflash import verify_dispatch
 
     info = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "device": device, "kernels_backend": kernels.backend(device), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "device": device, "kernels_backend": verify_dispatch.backend(device), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     try:
         import triton
 
@@ -172,8 +172,8 @@ def near_tie_gap(engine, request, prefix_out: list[int]) -> float:
 def check_kernel_parity(args, device: str) -> dict:
     import torch
 
-    import kernels
-    from kernels import reference
+    from dflash import verify as reference
+    from dflash import verify_dispatch
     from kernels.greedy_verify_triton import match_verify_batched
     from kernels.spec_sample_triton import speculative_verify_batched
     from dflash.sampling import target_probs
@@ -234,11 +234,11 @@ def check_kernel_parity(args, device: str) -> dict:
             for mode in ("triton", "reference"):
                 os.environ["DFLASH_KERNELS"] = mode
                 for _ in range(5):
-                    kernels.match_verify(draft, logits, *extra)
+                    verify_dispatch.match_verify(draft, logits, *extra)
                 sync(device)
                 t0 = time.perf_counter()
                 for _ in range(50):
-                    kernels.match_verify(draft, logits, *extra)
+                    verify_dispatch.match_verify(draft, logits, *extra)
                 sync(device)
                 timings[f"match {label} [{mode}]"] = round((time.perf_counter() - t0) / 50 * 1e6, 1)
         os.environ["DFLASH_KERNELS"] = "auto"

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The prepared GPU check (issue 7): one command, under 8 minutes on an H200.
+# The prepared GPU check: one command, under 8 minutes on an H200.
 #
 #   scripts/gpu_check.sh [OUT_DIR] [gpu_check.py options, e.g. --quick | --device cpu --quick | --target DIR]
 #
-# 1. the `gpu`-marked kernel tests (compiled Triton vs the PyTorch reference; engine lossless with kernels on;
-#    bf16 match rate + near-tie check on a tiny model),
+# 1. the `gpu`-marked kernel tests (compiled Triton vs the PyTorch reference; the reference run on CUDA tensors,
+#    DFLASH_KERNELS=reference, vs Triton; engine lossless with kernels on and off; bf16 match rate + near-tie check
+#    on a tiny model),
 # 2. scripts/gpu_check.py: kernel parity over real vocabulary sizes, greedy DFlash == target-only on the default
 #    models in float32, bf16 match rate + near-tie check, and the speed table (AR vs DFlash, blocks 8 and 16).
 # Results: OUT_DIR/{gpu_check.json,gpu_check.md,speed.md,pytest_gpu.log,gpu_check.log}; OUT_DIR defaults to

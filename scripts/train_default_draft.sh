@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The default draft's training campaign, stage by stage; every stage resumes where it stopped.
-#   bash scripts/train_default_draft.sh data|ablate|fit|curve|collect|eval|report
+#   bash scripts/train_default_draft.sh data|data-later|ablate|fit|warm|curve|curve-warm|plot|collect|eval|report
 # Run one stage at a time with nothing else heavy on the machine (2 cores: a parallel job slows both 5-10x).
 # Long stages: nohup bash scripts/train_default_draft.sh fit > runs/fit.log 2>&1 &
 set -euo pipefail
@@ -17,6 +17,9 @@ CURVE=(--prompts sharegpt-heldout --limit 16 --max-new-tokens 64 --threads "$THR
 case "${1:-}" in
   data)  # teacher-forced data: ShareGPT replies through the target once, labels = its own predictions
     $PY -m dflash train data-tf --out data/tf1 --conversations 30000 --layers 1,15,27 --batch-size 16 --threads "$THREADS" ;;
+  data-later)  # more diverse data: the second and later replies of ShareGPT conversations, earlier turns as history
+    $PY -m dflash train data-tf --out data/tf-later --turns later --conversations 30000 --layers 1,15,27 \
+      --max-prompt-tokens 384 --batch-size 16 --threads "$THREADS" ;;
   ablate)  # the same schedule, two variants, stopped at step 1000; the better one is resumed by `fit`
     $PY -m dflash train fit "${FIT[@]}" --onpolicy-blocks 0 --out runs/tf-all --stop-at 1000
     $PY -m dflash train fit "${FIT[@]}" --onpolicy-blocks 1 --out runs/onpolicy --stop-at 1000
@@ -25,6 +28,17 @@ case "${1:-}" in
     done ;;
   fit)  # resume the chosen run to the end of its schedule
     $PY -m dflash train fit "${FIT[@]}" --onpolicy-blocks "${ONPOLICY:-1}" --out "runs/${RUN:-onpolicy}" --stop-at "${STOP_AT:-0}" ;;
+  warm)  # the shipped draft, continued on the larger corpus (first + later turns) with a fresh cosine schedule
+    $PY -m dflash train fit --data data/tf1,data/tf-later --init-from "${INIT:-runs/onpolicy}" --layers 1 --layer-ids 1,15,27 \
+      --block-size 8 --steps "${WARM_STEPS:-9000}" --seqs-per-step 5 --anchors-per-seq 16 --lr 5e-4 --kl-weight 0 \
+      --partial-prob 0 --draft-vocab 8192 --threads "$THREADS" --ckpt-every 500 --eval-every 500 --snapshot-base 250 \
+      --onpolicy-blocks 1 --out runs/warm --stop-at "${STOP_AT:-0}" ;;
+  curve-warm)
+    $PY scripts/training_curve.py --run runs/warm --after runs/onpolicy --out "$RES/warm/curve.jsonl" --label warm \
+      "${CURVE[@]}" --steps "${CURVE_STEPS:-1000,4000,9000}" ;;
+  plot)
+    $PY scripts/training_curve.py --plot-only --out $RES/onpolicy/curve.jsonl $RES/warm/curve.jsonl \
+      --png assets/draft-smollm2-135m/tau_curve.png ;;
   curve)
     $PY scripts/training_curve.py --run "runs/${RUN:-onpolicy}" --out "$RES/${RUN:-onpolicy}/curve.jsonl" --label "${RUN:-onpolicy}" \
       "${CURVE[@]}" --steps "${CURVE_STEPS:-250,1000,4000,8000,10000}" --png assets/draft-smollm2-135m/tau_curve.png ;;
@@ -34,11 +48,12 @@ case "${1:-}" in
     "${E[@]}" --prompts humaneval --limit 40 --max-new-tokens 128 --no-baseline --output $RES/eval-humaneval.json
     "${E[@]}" --prompts mt-bench --limit 12 --max-new-tokens 64 --temperature 0.7 --output $RES/eval-mtbench-t0.7.json ;;
   collect)  # the logs TRAINING.md is generated from, and the chosen draft into assets/
-    for r in tf-all onpolicy; do
+    for r in tf-all onpolicy warm; do
+      [ -d runs/$r ] || continue
       mkdir -p $RES/$r && cp runs/$r/runs.jsonl $RES/$r/ && gzip -c runs/$r/train_log.jsonl > $RES/$r/train_log.jsonl.gz
     done
-    cp runs/${RUN:-onpolicy}/{config.json,model.safetensors,draft_vocab.safetensors} assets/draft-smollm2-135m/ ;;
+    cp runs/${RUN:-warm}/{config.json,model.safetensors,draft_vocab.safetensors} assets/draft-smollm2-135m/ ;;
   report)
     $PY scripts/training_report.py ;;
-  *) echo "usage: $0 data|ablate|fit|curve|collect|eval|report" >&2; exit 2 ;;
+  *) echo "usage: $0 data|data-later|ablate|fit|warm|curve|curve-warm|plot|collect|eval|report" >&2; exit 2 ;;
 esac

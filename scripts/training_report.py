@@ -8,7 +8,8 @@ Every number in TRAINING.md comes from these files (nothing is typed by hand):
   <run>/train_log.jsonl.gz       the fit's per-step log
   <run>/curve.jsonl              real-loop τ at the log-spaced snapshots (scripts/training_curve.py)
   eval-*.json                    `train eval --output` (real loop, interleaved with the no-draft loop)
-The main run is the one named in results/training/shipped.json ({"run": ..., "ablations": [...]}).
+The shipped draft comes from the runs named in results/training/shipped.json ({"lineage": [first run, warm-started
+run, ...], "ablations": [...]}; an older file names one "run").
 """
 
 from __future__ import annotations
@@ -59,17 +60,18 @@ def fmt(x, spec: str = ".3f") -> str:
     return "" if x is None else format(x, spec)
 
 
-def curve_rows(run: str) -> list[str]:
-    curve = sorted(jsonl(RES / run / "curve.jsonl"), key=lambda r: r["step"])
-    log = jsonl(RES / run / "train_log.jsonl.gz")
-    rows = ["| step | supervised positions | loss (50-step mean) | train acc | held-out τ_tf | real-loop τ "
+def curve_rows(runs: list[str]) -> list[str]:
+    """One row per snapshot of every run in the lineage; positions count the earlier runs' too (a warm start)."""
+    rows = ["| run | step | supervised positions | loss (50-step mean) | train acc | held-out τ_tf | real-loop τ "
             "| histogram (accepted + 1) |",
-            "|---|---|---|---|---|---|---|"]
-    for c in curve:
-        hist = " / ".join(f"{k}: {v}" for k, v in c["histogram"].items())
-        rows.append(f"| {c['step']:,} | {int(c['positions']):,} | {fmt(window_mean(log, c['step'], 'loss'))} | "
-                    f"{fmt(window_mean(log, c['step'], 'acc'))} | {fmt(nearest(log, c['step'], 'tau_tf'))} | "
-                    f"**{c['tau']:.3f}** | {hist} |")
+            "|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        log = jsonl(RES / run / "train_log.jsonl.gz")
+        for c in sorted(jsonl(RES / run / "curve.jsonl"), key=lambda r: r["step"]):
+            hist = " / ".join(f"{k}: {v}" for k, v in c["histogram"].items())
+            rows.append(f"| {run} | {c['step']:,} | {int(c['positions']):,} | {fmt(window_mean(log, c['step'], 'loss'))} | "
+                        f"{fmt(window_mean(log, c['step'], 'acc'))} | {fmt(nearest(log, c['step'], 'tau_tf'))} | "
+                        f"**{c['tau']:.3f}** | {hist} |")
     return rows
 
 
@@ -111,17 +113,28 @@ def wall_seconds(log: list[dict], starts: list[int]) -> float:
     return sum(by_step[e]["s_per_step"] * (e - s) for s, e in zip(starts, ends) if e in by_step and e > s)
 
 
-def slope_per_doubling(run: str) -> tuple[float, float, float]:
+def slope_per_doubling(runs: list[str]) -> tuple[float, float, float]:
     """Least-squares slope of real-loop τ against log2(supervised positions) over the curve's points from step
-    1,000 on (the first points are the warm-up). Returns (slope, last τ, last positions)."""
+    1,000 of each run on (the first points of a run are its warm-up). Returns (slope, last τ, last positions)."""
     import math
 
-    pts = sorted((r["positions"], r["tau"]) for r in jsonl(RES / run / "curve.jsonl") if r["step"] >= 1000)
+    pts = sorted((r["positions"], r["tau"]) for run in runs for r in jsonl(RES / run / "curve.jsonl") if r["step"] >= 1000)
     xs, ys = [math.log2(x) for x, _ in pts], [y for _, y in pts]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     var = sum((x - mx) ** 2 for x in xs)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
     return slope, pts[-1][1], pts[-1][0]
+
+
+def lineage_text(segs: list[tuple[str, list[dict], list[dict]]]) -> str:
+    """One sentence per run of the lineage: its steps, corpus, learning rate and where it started from."""
+    parts = []
+    for run, starts, log in segs:
+        cfg = starts[-1]["config"]
+        origin = f"warm-started from `{cfg['init_from']}`" if cfg.get("init_from") else "from random weights"
+        parts.append(f"`{run}`: {log[-1]['step']:,} steps {origin}, peak learning rate {cfg['lr']:g}, on "
+                     f"{starts[0]['corpus_tokens']:,} response tokens (`{cfg['data']}`)")
+    return "; then ".join(parts) + "."
 
 
 def draft_table() -> list[str]:
@@ -161,33 +174,35 @@ def verdict(ev: dict) -> str:
 
 def main() -> None:
     shipped = json.loads((RES / "shipped.json").read_text())
-    run = shipped["run"]
-    starts = jsonl(RES / run / "runs.jsonl")
+    runs = shipped.get("lineage") or [shipped["run"]]  # a warm-started run follows the run it started from
+    segs = [(r, jsonl(RES / r / "runs.jsonl"), jsonl(RES / r / "train_log.jsonl.gz")) for r in runs]
+    _, starts, log = segs[-1]
     cfg, machine = starts[-1]["config"], starts[-1]["machine"]  # the last (re)start: the config that finished
-    log = jsonl(RES / run / "train_log.jsonl.gz")
-    last = log[-1]
-    hours = wall_seconds(log, [r["step"] for r in starts]) / 3600
+    steps = sum(lg[-1]["step"] for _, _, lg in segs)
+    seconds = sum(wall_seconds(lg, [r["step"] for r in st]) for _, st, lg in segs)
+    hours = seconds / 3600
     ev_rows, ev = eval_rows()
-    slope, last_tau, last_pos = slope_per_doubling(run)
+    slope, last_tau, last_pos = slope_per_doubling(runs)
     flags = ", ".join(machine.get("cpu_flags") or [])
-    curve_cmd = shipped.get("curve_command", "")
+    fit_cmds = shipped.get("fit_commands") or [shipped.get("fit_command", "")]
     text = TEMPLATE.format(
-        data_table="\n".join(data_rows()),
-        steps=last["step"], positions=int(sum(r.get("positions", 0) for r in log)), hours=hours,
+        data_table="\n".join(data_rows()), lineage=lineage_text(segs),
+        steps=steps, positions=int(sum(r.get("positions", 0) for _, _, lg in segs for r in lg)), hours=hours,
         corpus_tokens=starts[0]["corpus_tokens"], corpus_seqs=starts[0]["corpus_sequences"],
         vocab=starts[0]["draft_vocab"], cfg=json.dumps({k: v for k, v in cfg.items() if k not in ("data", "out")}),
-        fit_cmd=shipped.get("fit_command", ""), curve_table="\n".join(curve_rows(run)), curve_cmd=curve_cmd,
+        fit_cmd="\n    ".join(fit_cmds), curve_table="\n".join(curve_rows(runs)), curve_cmd="\n    ".join(
+            shipped.get("curve_commands") or [shipped.get("curve_command", "")]),
         ablation_table="\n".join(ablation_rows(shipped.get("ablations", []), shipped.get("ablation_step", 1000))),
         eval_table="\n".join(ev_rows), eval_cmds="\n".join(f"    {c}" for c in shipped.get("eval_commands", [])),
         cpu=machine["cpu_model"], flags=flags, torch=machine["torch"], threads=cfg.get("threads"),
-        s_per_step=wall_seconds(log, [r["step"] for r in starts]) / last["step"], verdict=verdict(ev),
-        draft_table="\n".join(draft_table()), first_loss=log[0]["loss"], ln_v=math.log(starts[0]["draft_vocab"]),
+        s_per_step=seconds / steps, verdict=verdict(ev),
+        draft_table="\n".join(draft_table()), first_loss=segs[0][2][0]["loss"], ln_v=math.log(starts[0]["draft_vocab"]),
         slope=slope, last_tau=last_tau, x10_tau=last_tau + slope * math.log2(10), last_pos=last_pos,
         doublings=(2.0 - last_tau) / slope if slope > 0 else float("inf"),
         factor=2 ** ((2.0 - last_tau) / slope) if slope > 0 else float("inf"))
     (DRAFT / "TRAINING.md").write_text(text)
-    readme_status(ev, starts[0]["corpus_tokens"], last["step"], hours)
-    (DRAFT / "evaluation.json").write_text(json.dumps({"run": run, "evaluations": ev}, indent=1) + "\n")
+    readme_status(ev, starts[0]["corpus_tokens"], steps, hours)
+    (DRAFT / "evaluation.json").write_text(json.dumps({"run": runs[-1], "evaluations": ev}, indent=1) + "\n")
 
 
 def readme_status(ev: dict, tokens: int, steps: int, hours: float) -> None:
@@ -239,8 +254,9 @@ Commands:
 
 ## Data (`python -m dflash train data-tf`)
 
-ShareGPT's recorded replies (English first turns, prompt ≤ 160 tokens, reply ≤ 256 tokens), each run once
-through the target; the label of every position is the **target's own greedy prediction** there. Shards are
+ShareGPT's recorded replies, each run once through the target: first turns (`--turns first`, prompt ≤ 160
+tokens) and, in the `later` set, the second and later replies of a conversation with the earlier turns as the
+prompt (`--turns later`, prompt ≤ 384 tokens); replies ≤ 256 tokens. The label of every position is the **target's own greedy prediction** there. Shards are
 length-sorted inside windows of 32 batches, so any prefix of the shards is a fair sample of the whole set.
 The held-out ShareGPT split (2 %, chosen by a hash of the conversation id) is never used for training.
 
@@ -248,8 +264,8 @@ The held-out ShareGPT split (2 %, chosen by a hash of the conversation id) is ne
 
 ## Training (`python -m dflash train fit`)
 
-{steps:,} steps, {positions:,} supervised positions, about {hours:.1f} h at {s_per_step:.2f} s/step. Corpus:
-{corpus_seqs:,} sequences, {corpus_tokens:,} response tokens (memory-mapped shards; only the fused layers'
+{steps:,} steps, {positions:,} supervised positions, about {hours:.1f} h at {s_per_step:.2f} s/step. Runs:
+{lineage} Last corpus: {corpus_seqs:,} sequences, {corpus_tokens:,} response tokens (memory-mapped shards; only the fused layers'
 columns are read). Draft vocabulary: {vocab:,} tokens (the most frequent target labels, FR-Spec style).
 
     {fit_cmd}
@@ -263,7 +279,8 @@ greedy continuation from the anchor — what the drafted block must match at inf
 
 ## τ against supervised positions
 
-Real-loop τ of the snapshots kept at steps 250·2^k (and the last step), on a fixed held-out set.
+Real-loop τ of the snapshots kept at steps 250·2^k of each run (and its last step), on a fixed held-out set;
+a warm-started run's positions include those of the run it started from.
 
 ![τ curve](tau_curve.png)
 
@@ -275,7 +292,7 @@ Over the points from step 1,000 on, τ rose by **{slope:.3f} per doubling** of s
 squares on log2 positions). If that slope held, 10× more supervised positions than the last point
 ({last_pos:,.0f}) would give τ ≈ {x10_tau:.2f} on this set — an extrapolation, not a measurement. At that slope,
 τ = 2.0 would need about 2^{doublings:.0f} ≈ {factor:,.0f}× the supervised positions of the last point: more
-compute on this recipe (one draft layer, first-turn teacher-forced data) does not reach the target by itself.
+compute on this recipe (one draft layer, teacher-forced data) does not reach the target by itself.
 
 The first step's loss was {first_loss:.0f} against ln |V_draft| = {ln_v:.1f}: through the tied head, the final-normed
 MASK embedding (the whole residual stream of a fresh draft) scores the tokens near it with very large logits. The

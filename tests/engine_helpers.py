@@ -13,7 +13,7 @@ import random
 import torch
 
 from dflash.adaptive import Controller
-from dflash.draft import DraftCache
+from dflash.draft import DFlashDraftModel, DraftCache, DraftConfig
 from dflash.drafter import Drafter, Proposal
 from dflash.engine import Engine
 from dflash.events import Commit, Finished
@@ -130,3 +130,13 @@ def commits(events: list) -> list[int]:
 def finished(events: list) -> Finished:
     assert isinstance(events[-1], Finished)
     return events[-1]
+
+
+def random_default_draft(target, block_size: int = 16, layers: int = 1, seed: int = 0) -> DFlashDraftModel:
+    """A random draft with the default draft's shape (hidden 576, 9/3 heads, head_dim 64, mask id 16), sized for
+    `target` (anything with hidden_size, num_layers and vocab_size: the real SmolLM2 `Target`)."""
+    torch.manual_seed(seed)
+    cfg = DraftConfig(hidden_size=target.hidden_size, num_hidden_layers=layers, num_attention_heads=9, num_key_value_heads=3,
+                      head_dim=64, intermediate_size=1536, vocab_size=target.vocab_size, num_target_layers=target.num_layers,
+                      block_size=block_size, mask_token_id=16)
+    return DFlashDraftModel(cfg)

@@ -3,7 +3,9 @@
 import pytest
 
 from dflash import DFlashConfig, DFlashModel, Engine, ValidationError
-from dflash.draft import DFlashDraftModel, DraftConfig, save_draft
+from dflash.draft import save_draft
+from dflash.target import Target
+from tests.engine_helpers import random_default_draft
 
 
 def test_config_validates_like_the_request():
@@ -17,16 +19,11 @@ def test_config_validates_like_the_request():
 
 @pytest.mark.slow
 def test_article_api_on_the_default_target(tmp_path):
-    import torch
-
     from dflash.registry import SMOLLM2_GGUF
     from dflash.target import load_target_model
 
     model, tokenizer = load_target_model(SMOLLM2_GGUF)
-    torch.manual_seed(0)
-    draft = DFlashDraftModel(DraftConfig(hidden_size=576, num_hidden_layers=1, num_attention_heads=9, num_key_value_heads=3,
-                                         head_dim=64, intermediate_size=1536, vocab_size=49152, num_target_layers=30,
-                                         block_size=8, mask_token_id=16))
+    draft = random_default_draft(Target(model, tokenizer), block_size=8)
     save_draft(draft, tmp_path / "draft")
     exact = DFlashModel(DFlashConfig(draft_model_name=str(tmp_path / "draft"), block_size=4, max_block_size=8,
                                      diffusion_steps=2), model, tokenizer)

@@ -14,12 +14,13 @@ import pytest
 import torch
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
+from gradio_client.utils import Status
 
 from dflash.request import Request
-from tests.ui_support import PROMPT, tiny_text_engine
+from tests.ui_support import PROMPT, paced_text_engine, tiny_text_engine
 from ui import build_demo, launch_kwargs
 from ui.engines import EngineProvider
-from ui.handlers import CONTROL_KEYS, Playground, Settings, defaults
+from ui.handlers import CONTROL_KEYS, STOPPED_IN_QUEUE, Playground, Settings, defaults
 from ui.layout import OUT_KEYS
 from ui.replay import bundled_traces, parse_trace
 
@@ -149,6 +150,78 @@ def test_stop_cancels_the_run_and_frees_the_engine(app):
     assert app.demo.playground.stop(app.client.session_hash) == "Nothing is running."
     again = named(app.client.predict(*args(max_new_tokens=4), api_name="/generate"))
     assert "Finished (length)" in again["status"]
+
+
+@pytest.fixture(scope="module")
+def paced_app():
+    """A target slowed to 0.05 s per forward pass, so a run is still going when the next request arrives."""
+    engine = paced_text_engine(block_size=8, delay_s=0.05)
+    demo = build_demo({"default": engine}, settings=Settings(play_delay_s=0.0))
+    _, url, _ = demo.launch(**launch_kwargs(server_port=None, prevent_thread_lock=True, quiet=True))
+    client = Client(url, verbose=False)
+    yield SimpleNamespace(demo=demo, url=url, client=client, engine=engine)
+    client.close()
+    demo.close()
+
+
+def unchanged(value) -> bool:
+    """What a client receives for an output that an update leaves as it is (gr.skip())."""
+    return isinstance(value, dict) and value.get("__type__") == "update" and "value" not in value
+
+
+def wait_for(condition, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_stop_reaches_a_request_waiting_in_the_queue(paced_app):
+    running = paced_app.client.submit(*args(max_new_tokens=400), api_name="/generate")
+    wait_for(lambda: len(running.outputs()) >= 2)
+    other = Client(paced_app.url, verbose=False)
+    try:
+        waiting = other.submit(*args(max_new_tokens=8), api_name="/generate")
+        wait_for(lambda: waiting.status().code == Status.IN_QUEUE)
+        assert not running.done()
+        assert other.predict(api_name="/stop") == STOPPED_IN_QUEUE  # shown at once, not when its turn comes
+        paced_app.client.predict(api_name="/stop")
+        assert "stopped by the user" in named(running.result(timeout=300))["status"]
+        final = named(waiting.result(timeout=300))
+        assert final["status"] == STOPPED_IN_QUEUE  # and nothing else changes: it never ran
+        assert all(unchanged(value) for key, value in final.items() if key != "status")
+        assert [named(o)["status"] for o in waiting.outputs()] == [STOPPED_IN_QUEUE]
+        # Nothing is left marked: the session's next request runs.
+        assert unchanged(other.predict(api_name="/stop"))  # "Nothing is running." is not shown: it could hide a result
+        again = named(other.predict(*args(max_new_tokens=4), api_name="/generate"))
+        assert "Finished (length)" in again["status"]
+    finally:
+        other.close()
+
+
+def test_a_refused_request_leaves_nothing_for_stop(app):
+    """A request is counted for Stop when it enters the queue; one refused for a bad value is not left over."""
+    with pytest.raises(AppError, match="block_size"):
+        app.client.predict(*args(block_size=999), api_name="/generate")
+    assert app.demo.playground.stop(app.client.session_hash) == "Nothing is running."
+    assert "Finished (length)" in named(app.client.predict(*args(max_new_tokens=4), api_name="/generate"))["status"]
+
+
+def test_play_is_refused_while_a_generation_of_the_session_runs(paced_app):
+    client = Client(paced_app.url, verbose=False)
+    try:
+        client.predict(next(iter(bundled_traces())), True, api_name="/load_trace")  # something to replay
+        job = client.submit(*args(max_new_tokens=50), api_name="/generate")
+        wait_for(lambda: len(job.outputs()) >= 2)
+        with pytest.raises(AppError, match="a generation is running in this session: Play replays once it has "
+                                           "finished"):
+            client.predict(0, 0, True, api_name="/play")
+        final = named(job.result(timeout=300))
+        assert "Finished (length)" in final["status"] and "50 tokens" in final["status"]  # it was not stopped
+        played = named(client.predict(0, 0, True, api_name="/play"))  # the run just generated, to its end
+        assert played["replay"] == final["replay"]["value"] and "finished" in played["replay_label"]
+    finally:
+        client.close()
 
 
 def test_compare_with_autoregressive_shows_speedup_and_identical_output(app):

@@ -3,6 +3,7 @@ written, trace uploads, queue limits."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -10,7 +11,8 @@ from types import SimpleNamespace
 import httpx
 import pytest
 import torch
-from gradio_client import Client
+from gradio_client import Client, handle_file
+from gradio_client.exceptions import AppError
 
 from dflash.errors import ValidationError
 from tests.ui_support import PROMPT, tiny_text_engine
@@ -46,8 +48,8 @@ def test_launch_settings(monkeypatch):
 
 
 def test_app_py_never_shares():
-    source = (REPO / "app.py").read_text()
-    assert "share=True" not in source and "launch_kwargs()" in source
+    app, serve = (REPO / "app.py").read_text(), (REPO / "ui" / "serve.py").read_text()
+    assert "share=True" not in app + serve and "from ui.serve import main" in app and "launch_kwargs()" in serve
 
 
 @pytest.mark.parametrize("path", ["/etc/passwd", str(REPO / "app.py"), str(REPO / "assets" / "playground.css"),
@@ -89,6 +91,24 @@ def test_trace_uploads_are_bounded_and_checked(tmp_path):
     binary.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(TraceError, match="not UTF-8|not valid JSON|not a DFlash"):
         load_trace_file(binary)
+
+
+def test_a_hostile_trace_upload_is_a_named_error_without_markup(app, tmp_path):
+    """Through the served API: the user gets the parser's message (event, field, bound), no traceback, no markup."""
+    doc = json.loads((TRACES_DIR / "code.json").read_text(encoding="utf-8"))
+    i = next(i for i, d in enumerate(doc["events"]) if d["type"] == "BlockSize")
+    doc["events"][i]["size"] = '<img src=x onerror="alert(1)">'
+    bad = tmp_path / "hostile.json"
+    bad.write_text(json.dumps(doc), encoding="utf-8")
+    client = Client(app.url, verbose=False)
+    try:
+        with pytest.raises(AppError) as info:
+            client.predict(handle_file(str(bad)), True, api_name="/upload_trace")
+    finally:
+        client.close()
+    message = str(info.value)
+    assert f"trace: events[{i}] (BlockSize): 'size' must be an integer in [1, 64]" in message
+    assert "<" not in message and "Traceback" not in message
 
 
 def test_bundled_trace_names_never_become_paths(app):

@@ -192,7 +192,8 @@ def test_config_validation():
 
 def test_compare_common_length():
     assert compare([1, 2, 3], [1, 2, 3]) == {"identical": True, "first_diff": None, "same_length": True}
-    assert compare([1, 2, 3], [1, 2]) == {"identical": True, "first_diff": None, "same_length": False}
+    assert compare([1, 2, 3], [1, 2]) == {"identical": False, "first_diff": 2, "same_length": False}
+    assert compare([1, 2, 3], [1, 2], "timeout") == {"identical": True, "first_diff": None, "same_length": False}
     assert compare([1, 2, 3], [1, 5, 3]) == {"identical": False, "first_diff": 1, "same_length": True}
 
 

@@ -8,13 +8,13 @@ import importlib.util
 import pytest
 import torch
 
-from dflash.draft import DFlashDraftModel, DraftConfig
+from dflash.draft import DFlashDraftModel
 from dflash.engine import Engine
 from dflash.events import Commit, Verify
 from dflash.registry import SMOLLM2_GGUF
 from dflash.request import Request
 from dflash.target import Target, load_target_model
-import engine_helpers  # noqa: F401  (one CPU thread)
+from engine_helpers import random_default_draft  # (importing engine_helpers also pins one CPU thread)
 
 pytestmark = pytest.mark.slow
 
@@ -28,11 +28,8 @@ def smollm2() -> Target:
 
 
 def random_draft(target: Target) -> DFlashDraftModel:
-    torch.manual_seed(0)
-    cfg = DraftConfig(hidden_size=576, num_hidden_layers=1, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
-                      intermediate_size=1536, vocab_size=49152, num_target_layers=30, block_size=8, mask_token_id=16)
     assert (target.hidden_size, target.num_layers, target.vocab_size) == (576, 30, 49152)
-    return DFlashDraftModel(cfg)
+    return random_default_draft(target, block_size=8)
 
 
 def test_dflash_random_draft_equals_no_draft_on_smollm2(smollm2):

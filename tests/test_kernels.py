@@ -1,14 +1,17 @@
 """Kernels: the PyTorch reference is the specification; every Triton kernel must give the same tokens.
 
-- The reference is `dflash.verify` (batched forms checked against it) and matches naive formulas.
+- The `kernels` package imports nothing from `dflash` (checked in a fresh interpreter).
+- The reference is `dflash.verify` (its batched forms checked against it) and matches naive formulas.
 - On CPU the Triton kernels run under Triton's interpreter (`TRITON_INTERPRET=1`, set below before any kernel
   module is imported; only this module imports them), on small shapes: non-power-of-two vocabularies, several
   tiles, block sizes 1, 4, 16, batch 1 and > 1, every filter, ties. They are also compiled for Hopper (sm_90)
   in a subprocess, which needs no GPU and catches what the interpreter does not type-check.
-- The dispatch falls back to the reference without CUDA or without Triton, and the engine through it stays
-  lossless; with DFLASH_KERNELS=triton the engine runs the (interpreted) kernels and emits the same tokens.
+- The dispatch (`dflash.verify_dispatch`) falls back to the reference without CUDA or without Triton, and the
+  engine through it stays lossless; with DFLASH_KERNELS=triton the engine runs the (interpreted) kernels and
+  emits the same tokens.
 - `gpu` tests run the compiled kernels on CUDA against the reference computed on CPU copies of the inputs
-  (IEEE float32 division there, as `div_rn` in the kernels).
+  (IEEE float32 division there, as `div_rn` in the kernels), and the reference on the CUDA tensors themselves
+  (DFLASH_KERNELS=reference on a GPU machine).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import math
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -26,16 +30,17 @@ HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import kernels  # noqa: E402
 from conftest import tiny_draft, tiny_target  # noqa: E402
+from device_check import SimulatedDevice  # noqa: E402
+from dflash import verify as reference  # noqa: E402  (the specification of the kernels)
+from dflash import verify_dispatch as dispatch  # noqa: E402
 from dflash.engine import Engine  # noqa: E402
 from dflash.request import Request  # noqa: E402
 from dflash.sampling import target_probs  # noqa: E402
 from dflash.verify import match_verify, rejection_verify  # noqa: E402
-from kernels import reference  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-HAS_TRITON = kernels.triton_importable()
+HAS_TRITON = dispatch.triton_importable()
 interpreted = pytest.mark.skipif(HAS_CUDA or not HAS_TRITON or os.environ.get("TRITON_INTERPRET") != "1",
                                  reason="Triton interpreter tests run on CPU-only machines with triton installed")
 gpu = pytest.mark.gpu
@@ -81,6 +86,29 @@ def spec_case(bsz: int, n: int, vocab: int, temperature: float, seed: int, dtype
 def assert_same(expected, got) -> None:
     for e, g in zip(expected, got):
         assert torch.equal(e.cpu().long(), g.cpu().long()), (expected, got)
+
+
+# -- imports run one way ------------------------------------------------------------------------------------------
+def test_kernels_package_imports_nothing_from_dflash():
+    """`import kernels` and each of its modules, in a fresh interpreter, leave no `dflash` module in sys.modules
+    (imports run engine → verification → kernels; the kernels never import the engine's package back)."""
+    code = textwrap.dedent("""
+        import importlib, pkgutil, sys
+        import kernels
+        names = ["kernels"] + ["kernels." + m.name for m in pkgutil.iter_modules(kernels.__path__)]
+        for name in names:
+            importlib.import_module(name)
+            leaked = sorted(m for m in sys.modules if m.split(".")[0] == "dflash")
+            if leaked:
+                raise SystemExit(f"importing {name} imported {leaked}")
+        print(kernels.__file__, len(names))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    path, count = proc.stdout.split()
+    assert Path(path).parent == ROOT / "kernels"  # this repository's package, not Hugging Face's `kernels`
+    assert int(count) == len(list((ROOT / "kernels").glob("*.py")))  # the package and every module in it
 
 
 # -- the reference ---------------------------------------------------------------------------------------------
@@ -226,16 +254,16 @@ def test_spec_sample_kernel_interpreted(setting):
 @interpreted
 @pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
 def test_dispatch_wrappers_return_reference_outcomes(monkeypatch):
-    """kernels.match_verify / speculative_verify through Triton give the same Outcome as dflash.verify."""
+    """dispatch.match_verify / speculative_verify through Triton give the same Outcome as dflash.verify."""
     monkeypatch.setenv("DFLASH_KERNELS", "triton")
     draft, logits, g = match_case(1, 6, 90, 0.0, seed=3)
-    assert kernels.match_verify(draft[0], logits[0], acceptance_threshold=0.5) == match_verify(draft[0], logits[0], acceptance_threshold=0.5)
-    assert kernels.match_verify(torch.empty(0, dtype=torch.long), logits[0, :1]) == match_verify(torch.empty(0, dtype=torch.long), logits[0, :1])
+    for d, x in ((draft[0], logits[0]), (torch.empty(0, dtype=torch.long), logits[0, :1])):
+        assert dispatch.match_verify(d, x, acceptance_threshold=0.5) == match_verify(d, x, acceptance_threshold=0.5)
     draft, q, logits, u, g = spec_case(1, 4, 90, 0.9, seed=4)
-    assert (kernels.speculative_verify(draft[0], q[0], logits[0], 0.9, 0, 1.0, u[0].tolist(), g[0])
+    assert (dispatch.speculative_verify(draft[0], q[0], logits[0], 0.9, 0, 1.0, u[0].tolist(), g[0])
             == rejection_verify(draft[0], q[0], target_probs(logits[0], 0.9), u[0].tolist(), g[0]))
     with pytest.raises(ValueError, match="out of range"):
-        kernels.match_verify(torch.tensor([90]), logits[0, :2])
+        dispatch.match_verify(torch.tensor([90]), logits[0, :2])
 
 
 @interpreted
@@ -281,44 +309,44 @@ def test_kernels_compile_for_hopper():
 # -- dispatch ---------------------------------------------------------------------------------------------------
 def test_dispatch_prefers_triton_only_on_cuda(monkeypatch):
     monkeypatch.delenv("DFLASH_KERNELS", raising=False)
-    monkeypatch.setattr(kernels, "triton_importable", lambda: True)
+    monkeypatch.setattr(dispatch, "triton_importable", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert kernels.backend("cuda:0") == "triton"
-    assert kernels.backend("cpu") == "reference"
+    assert dispatch.backend("cuda:0") == "triton"
+    assert dispatch.backend("cpu") == "reference"
     monkeypatch.setenv("DFLASH_KERNELS", "reference")
-    assert kernels.backend("cuda:0") == "reference"
+    assert dispatch.backend("cuda:0") == "reference"
     monkeypatch.setenv("DFLASH_KERNELS", "fast")
     with pytest.raises(ValueError, match="DFLASH_KERNELS"):
-        kernels.backend("cuda:0")
+        dispatch.backend("cuda:0")
 
 
 def test_dispatch_falls_back_without_triton_or_cuda(monkeypatch):
     monkeypatch.delenv("DFLASH_KERNELS", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(kernels, "triton_importable", lambda: False)  # CUDA but no Triton
-    assert kernels.backend("cuda") == "reference"
+    monkeypatch.setattr(dispatch, "triton_importable", lambda: False)  # CUDA but no Triton
+    assert dispatch.backend("cuda") == "reference"
     monkeypatch.setenv("DFLASH_KERNELS", "triton")
     with pytest.raises(RuntimeError, match="triton cannot be imported"):
-        kernels.backend("cuda")
+        dispatch.backend("cuda")
     monkeypatch.setenv("DFLASH_KERNELS", "auto")
-    monkeypatch.setattr(kernels, "triton_importable", lambda: True)
+    monkeypatch.setattr(dispatch, "triton_importable", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # Triton but no CUDA
-    assert kernels.backend("cuda") == "reference"
+    assert dispatch.backend("cuda") == "reference"
 
 
 def test_triton_importable_is_false_when_import_fails(monkeypatch):
-    kernels.triton_importable.cache_clear()
+    dispatch.triton_importable.cache_clear()
     monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` raises ImportError
     try:
-        assert kernels.triton_importable() is False
+        assert dispatch.triton_importable() is False
     finally:
-        kernels.triton_importable.cache_clear()
+        dispatch.triton_importable.cache_clear()
 
 
 def test_engine_lossless_through_fallback_dispatch(monkeypatch):
     """No Triton: the dispatch gives the reference and greedy DFlash still == the no-draft run."""
     monkeypatch.delenv("DFLASH_KERNELS", raising=False)
-    monkeypatch.setattr(kernels, "triton_importable", lambda: False)
+    monkeypatch.setattr(dispatch, "triton_importable", lambda: False)
     calls = []
     real = reference.match_verify
     monkeypatch.setattr(reference, "match_verify", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -331,7 +359,55 @@ def test_engine_lossless_through_fallback_dispatch(monkeypatch):
     assert calls  # the engine verified through the dispatch
 
 
+def test_reference_dispatch_keeps_tensors_on_the_logits_device(monkeypatch):
+    """DFLASH_KERNELS=reference on an accelerator (simulated on CPU: mixing in a CPU tensor raises, as on CUDA)
+    gives the CPU Outcomes, for the engine's calls: a block, and nothing drafted (its own token after a prefill)."""
+    monkeypatch.setenv("DFLASH_KERNELS", "reference")
+    draft, logits, g = match_case(1, 5, 40, 0.8, seed=11)
+    d, x, noise = draft[0], logits[0], g[0]
+    none = torch.empty(0, dtype=torch.long)
+    match_calls = [(d, x, 0.0, 0, 1.0, None, 1.0), (d, x, 0.0, 0, 1.0, None, 0.5), (d, x, 0.8, 7, 0.9, noise, 1.0),
+                   (none, x[:1], 0.0, 0, 1.0, None, 1.0), (none, x[:1], 0.8, 0, 1.0, noise[:1], 1.0)]
+    sd, q, sl, u, sg = spec_case(1, 4, 40, 0.9, seed=12)
+    spec_call = (sd[0], q[0], sl[0], 0.9, 5, 0.8, u[0].tolist(), sg[0])
+    expected = [match_verify(*c) for c in match_calls], reference.speculative_verify(*spec_call)
+    with SimulatedDevice() as dev:
+        assert dispatch.backend(dev.device) == "reference"
+        on = [tuple(dev.put(v) if isinstance(v, torch.Tensor) else v for v in c) for c in match_calls + [spec_call]]
+        assert [dispatch.match_verify(*c) for c in on[:-1]] == expected[0]
+        assert dispatch.speculative_verify(*on[-1]) == expected[1]
+
+
 # -- on the device ----------------------------------------------------------------------------------------------
+@gpu
+@needs_cuda
+def test_reference_on_cuda_equals_triton_gpu(monkeypatch):
+    """The reference run on the CUDA tensors themselves (DFLASH_KERNELS=reference on a GPU machine) keeps its
+    results on the device and gives the kernels' tokens; through the dispatch too, an empty draft included."""
+    from kernels.greedy_verify_triton import match_verify_batched
+
+    for seed, (t, k, p, a) in enumerate(MATCH_SETTINGS):
+        draft, logits, g = match_case(2, 6, 1000, t, seed=seed)
+        draft, logits, g = draft.cuda(), logits.cuda(), None if g is None else g.cuda()
+        ref = reference.match_verify_batched(draft, logits, t, k, p, g, a)
+        assert all(x.device.type == "cuda" for x in ref)
+        assert_same(ref, match_verify_batched(draft, logits, t, k, p, g, a))
+        for d, x, noise in ((draft[1], logits[1], g), (torch.empty(0, dtype=torch.long, device="cuda"), logits[1, :1], g)):
+            noise = None if noise is None else noise[1, : x.shape[0]]
+            outcomes = []
+            for mode in ("reference", "triton"):
+                monkeypatch.setenv("DFLASH_KERNELS", mode)
+                outcomes.append(dispatch.match_verify(d, x, t, k, p, noise, a))
+            assert outcomes[0] == outcomes[1]
+    for seed, (t, k, p) in enumerate(SPEC_SETTINGS):
+        draft, q, logits, u, g = (v.cuda() for v in spec_case(2, 4, 1000, t, seed=seed))
+        outcomes = []
+        for mode in ("reference", "triton"):
+            monkeypatch.setenv("DFLASH_KERNELS", mode)
+            outcomes.append(dispatch.speculative_verify(draft[0], q[0], logits[0], t, k, p, u[0], g[0]))
+        assert outcomes[0] == outcomes[1]
+
+
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -365,10 +441,10 @@ def cuda_engine(arch: str, dtype: torch.dtype, block_size: int = 8) -> Engine:
 @gpu
 @needs_cuda
 def test_engine_with_kernels_lossless_gpu(monkeypatch):
-    """Test 9 on the device, kernels on, float32: DFlash == no-draft, and == the reference dispatch."""
+    """Losslessness on the device, kernels on, float32: DFlash == no-draft, and == the reference dispatch."""
     monkeypatch.setenv("DFLASH_KERNELS", "auto")
     engine = cuda_engine("llama", torch.float32)
-    assert kernels.backend(engine.target.device) == "triton"
+    assert dispatch.backend(engine.target.device) == "triton"
     for prompt in ((5, 17, 99), (1, 2, 3, 4, 5, 6)):
         for extra in ({}, {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "seed": 7}):
             fast = engine.generate(Request(prompt_ids=prompt, max_new_tokens=40, **extra))

@@ -227,3 +227,16 @@ def test_no_draft_engine_refuses_use_draft():
         bare.stream(Request(prompt_ids=(1, 2)))
     assert err.value.param == "use_draft"
     assert bare.generate(Request(prompt_ids=(1, 2), max_new_tokens=2, use_draft=False)).finish_reason == "length"
+
+
+def test_a_text_prompt_has_the_same_token_limit_as_prompt_ids():
+    from tests.ui_support import tiny_text_engine  # a character tokenizer: one token per character
+
+    engine = tiny_text_engine()
+    with pytest.raises(ValidationError) as err:
+        engine.stream(Request(prompt="a" * (MAX_PROMPT_TOKENS + 1)))
+    assert err.value.param == "prompt" and f"is {MAX_PROMPT_TOKENS + 1} tokens; the limit is {MAX_PROMPT_TOKENS}" in str(err.value)
+    with pytest.raises(ValidationError) as err:  # at the limit it passes, then meets this tiny model's context budget
+        engine.stream(Request(prompt="a" * MAX_PROMPT_TOKENS))
+    assert err.value.param == "max_new_tokens"
+    assert not engine._lock.locked()

@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
+from device_check import SimulatedDevice
 from dflash.sampling import (GUMBEL_DRAFT, GUMBEL_TARGET, UNIFORM_ACCEPT, filter_logits, gumbel_noise, position_seed,
                              sample_with_noise, target_probs, uniform_noise)
 
@@ -127,3 +128,24 @@ def test_target_probs_is_normalised_filtered_softmax():
     torch.testing.assert_close(p[0, :3], expected)
     # Gumbel-max with the same filter draws from exactly this distribution's support.
     assert target_probs(logits, 1.0, top_p=1e-9).tolist() == [[1.0, 0.0, 0.0, 0.0]]
+
+
+def test_sampling_functions_keep_tensors_on_the_inputs_device():
+    """On an accelerator (simulated: a CPU tensor mixed in raises, as on CUDA) every result stays on the logits'
+    device and equals the CPU result; the noise is drawn on the CPU (the same on every device) and then moved."""
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 40, generator=gen) * 2
+    g = gumbel_noise(5, [7, 8, 9], 40)
+    with SimulatedDevice() as dev:
+        x = dev.put(logits)
+        noise = gumbel_noise(5, [7, 8, 9], 40, device=dev.device)
+        assert noise.device == dev.device and noise.tolist() == g.tolist()
+        assert gumbel_noise(5, [], 40, device=dev.device).device == dev.device
+        for k, p in ((0, 1.0), (5, 1.0), (0, 0.7), (9, 0.5)):
+            for out, expected in ((filter_logits(x, k, p), filter_logits(logits, k, p)),
+                                  (target_probs(x, 0.8, k, p), target_probs(logits, 0.8, k, p)),
+                                  (sample_with_noise(x, 0.8, k, p, noise), sample_with_noise(logits, 0.8, k, p, g))):
+                assert out.device == dev.device and out.tolist() == expected.tolist()
+        onehot = target_probs(x, 0.0)
+        assert onehot.device == dev.device and onehot.tolist() == target_probs(logits, 0.0).tolist()
+        assert sample_with_noise(x, 0.0, 0, 1.0, None).tolist() == logits.argmax(-1).tolist()

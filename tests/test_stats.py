@@ -93,3 +93,14 @@ def test_speedup():
     assert r["min"] == 1.0 and r["max"] == 2.0 and r["median"] == 2.0
     assert speedup([], []) == {"speedup": 0.0, "min": 0.0, "median": 0.0, "max": 0.0}
     assert speedup([10.0], [0.0])["speedup"] == 0.0  # no division by zero
+
+
+def test_first_difference_is_the_one_definition_of_identical():
+    from dflash.stats import first_difference
+
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 9, 3]) == 1
+    assert first_difference([1, 2, 3], [1, 2]) == 2  # shorter output: differs where it ends
+    assert first_difference([1, 2], [1, 2, 3]) == 2  # longer output too
+    assert first_difference([1, 2, 3], [1, 2], cut_short=True) is None  # stopped early: compared on what it made
+    assert first_difference([1, 2], [1, 2, 3], cut_short=True) == 2  # cut short cannot excuse extra tokens

@@ -1,4 +1,4 @@
-"""The CUDA loading path of dflash.target / dflash.load (issue 7): bitsandbytes options, accelerate device maps,
+"""The CUDA loading path of dflash.target / dflash.load: bitsandbytes options, accelerate device maps,
 and targets whose weights were placed at load time. What needs a GPU is `gpu`-marked; the rest runs on CPU."""
 
 from __future__ import annotations

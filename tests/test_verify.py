@@ -7,8 +7,10 @@ import math
 import pytest
 import torch
 
-from dflash.sampling import filter_logits, gumbel_noise
-from dflash.verify import match_verify, rejection_verify
+from device_check import SimulatedDevice
+from dflash.sampling import filter_logits, gumbel_noise, target_probs
+from dflash.verify import (match_verify, match_verify_batched, rejection_verify, speculative_verify,
+                           speculative_verify_batched)
 
 V = 10
 
@@ -157,3 +159,76 @@ def test_rejection_with_identical_rows_falls_back_to_p():
     q = p[:1].clone()
     res = rejection_verify(torch.tensor([2]), q, p, [1.0], torch.zeros(2, V))  # u = 1 forces a rejection
     assert res.accepted_len == 0 and res.next_token in (2, 7)
+
+
+# -- device placement: every tensor the rules create follows the inputs' device ------------------------------------
+def on(dev, case: tuple) -> tuple:
+    return tuple(dev.put(x) if isinstance(x, torch.Tensor) else x for x in case)
+
+
+def test_device_simulation_rejects_a_cpu_tensor_mixed_in():
+    """The check the tests below rely on is real: a CPU operand among simulated-accelerator tensors raises, as on CUDA."""
+    with SimulatedDevice() as dev:
+        x = dev.put(torch.ones(3))
+        with pytest.raises(RuntimeError, match="same device"):
+            x | torch.zeros(3, dtype=torch.bool)
+        with pytest.raises(RuntimeError, match="same device"):
+            torch.eq(x[:0], torch.empty(0))  # even when empty, as on CUDA
+        assert (x + torch.tensor(1.0)).device == dev.device  # a 0-dim CPU scalar is allowed
+        assert torch.zeros(2, device=x.device).device == dev.device and torch.zeros(2).device.type == "cpu"
+        assert (x * 2).tolist() == [2.0, 2.0, 2.0] and (x * 2).cpu().device.type == "cpu"
+
+
+def match_cases() -> list[tuple]:
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(5, V, generator=gen) * 3
+    g = gumbel_noise(3, [20, 21, 22, 23, 24], V)
+    greedy = logits.argmax(-1)
+    draft = torch.tensor([int(greedy[0]), int(greedy[1]), (int(greedy[2]) + 1) % V, 0])
+    none = torch.empty(0, dtype=torch.long)
+    return [(draft, logits, 0.0, 0, 1.0, None, 1.0), (draft, logits, 0.0, 0, 1.0, None, 0.2),
+            (draft, logits, 0.7, 4, 0.9, g, 1.0), (draft, logits, 1.3, 3, 0.8, g, 0.4),
+            (none, logits[:1], 0.0, 0, 1.0, None, 1.0), (none, logits[:1], 0.8, 0, 1.0, g[:1], 1.0)]
+
+
+def test_match_verify_keeps_tensors_on_the_logits_device():
+    """On an accelerator (simulated) the reference rule gives the CPU Outcome and never mixes in a CPU tensor."""
+    for case in match_cases():
+        expected = match_verify(*case)
+        with SimulatedDevice() as dev:
+            assert match_verify(*on(dev, case)) == expected, case[2:]
+            # Draft ids and noise on another device move to the logits' device, as the Triton dispatch does.
+            assert match_verify(case[0], dev.put(case[1]), *case[2:]) == expected
+
+
+def test_rejection_rules_keep_tensors_on_the_inputs_device():
+    """rejection_verify on probabilities and speculative_verify on logits: CPU Outcomes on the simulated device."""
+    gen = torch.Generator().manual_seed(6)
+    for t, k, p in ((0.0, 0, 1.0), (0.8, 0, 1.0), (1.2, 4, 0.8)):
+        logits = torch.randn(4, V, generator=gen) * 2
+        q = torch.softmax(logits[:3] + torch.randn(3, V, generator=gen), -1)
+        draft = torch.multinomial(q, 1, generator=gen)[:, 0]
+        u, g = [0.0, 0.9, 0.3], gumbel_noise(int(t * 10), [0, 1, 2, 3], V)
+        expected = rejection_verify(draft, q, target_probs(logits, t, k, p), u, g)
+        assert speculative_verify(draft, q, logits, t, k, p, torch.tensor(u, dtype=torch.float64), g) == expected
+        with SimulatedDevice() as dev:
+            assert rejection_verify(*on(dev, (draft, q, target_probs(dev.put(logits), t, k, p))), u, dev.put(g)) == expected
+            assert speculative_verify(*on(dev, (draft, q, logits, t, k, p)), u, dev.put(g)) == expected
+
+
+def test_batched_reference_returns_tensors_on_the_logits_device():
+    """The batched forms (the kernels' interface) return their tensors where the logits are, as the kernels do."""
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(2, 4, V, generator=gen)
+    draft = logits[:, :3].argmax(-1)
+    draft[1, 1] = (draft[1, 1] + 1) % V
+    g = torch.stack([gumbel_noise(s, [0, 1, 2, 3], V) for s in (1, 2)])
+    q = torch.softmax(torch.randn(2, 3, V, generator=gen), -1)
+    u = torch.rand(2, 3, generator=gen, dtype=torch.float64)
+    match_expected = match_verify_batched(draft, logits, 0.0, 0, 1.0, None, 0.5)
+    spec_expected = speculative_verify_batched(draft, q, logits, 0.9, 0, 1.0, u, g)
+    with SimulatedDevice() as dev:
+        for expected, got in ((match_expected, match_verify_batched(*on(dev, (draft, logits, 0.0, 0, 1.0, None, 0.5)))),
+                              (spec_expected, speculative_verify_batched(*on(dev, (draft, q, logits, 0.9, 0, 1.0, u, g))))):
+            assert all(x.device == dev.device for x in got)
+            assert [x.tolist() for x in got] == [x.tolist() for x in expected]

@@ -11,10 +11,10 @@ from functools import lru_cache
 
 import torch
 
-from dflash.draft import DFlashDraftModel, DraftConfig
 from dflash.engine import Engine
 from dflash.target import Target
 from tests.conftest import VOCAB, tiny_draft, tiny_target
+from tests.engine_helpers import random_default_draft  # noqa: F401  (re-exported for the app tests)
 
 
 def char_tokenizer():
@@ -43,15 +43,6 @@ def default_target():
 
     model, tokenizer = load_target_model(SMOLLM2_GGUF)
     return Target(model, tokenizer, name="default")
-
-
-def random_default_draft(target: Target, block_size: int = 16, layers: int = 1, seed: int = 0) -> DFlashDraftModel:
-    """A random draft with the default draft's shape (hidden 576, 9/3 heads, head_dim 64, mask id 16)."""
-    torch.manual_seed(seed)
-    cfg = DraftConfig(hidden_size=target.hidden_size, num_hidden_layers=layers, num_attention_heads=9, num_key_value_heads=3,
-                      head_dim=64, intermediate_size=1536, vocab_size=target.vocab_size, num_target_layers=target.num_layers,
-                      block_size=block_size, mask_token_id=16)
-    return DFlashDraftModel(cfg)
 
 
 PROMPT = "Once upon a time"

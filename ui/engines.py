@@ -14,7 +14,7 @@ from typing import Callable, Mapping
 
 from dflash.engine import Engine
 from dflash.errors import ModelLoadError
-from dflash.registry import PRESETS, get_preset
+from dflash.registry import PRESETS, draft_block_size, get_preset
 from ui.text import NO_DRAFT_NOTICE, draft_notice
 
 log = logging.getLogger("dflash.ui")
@@ -63,6 +63,14 @@ class EngineProvider:
 
     def notice(self, name: str) -> str:
         return self._notices.get(name, "")
+
+    def block_size(self, name: str) -> int | None:
+        """The preset's draft block size, for the sliders: the loaded engine's draft (None without one), else the
+        registry's for a preset not loaded yet."""
+        engine = self._engines.get(name)
+        if engine is not None:
+            return engine.trained_block_size
+        return draft_block_size(PRESETS[name]) if name in PRESETS else None
 
     def get(self, name: str) -> Engine:
         if name not in self._engines and name not in PRESETS:

@@ -3,7 +3,8 @@ arrive, stop, compare with the no-draft baseline, replay traces, keep the run hi
 
 Handlers return dicts keyed by view names (see `VIEW_KEYS`); ui/layout.py maps them onto components, with
 `gr.skip()` for the keys a yield leaves out. Every picture comes from ui/render.py and ui/plots.py applied to
-the engine's events — the same functions replay a saved trace.
+the engine's events — the same functions replay a saved trace. A session's trace lives in its gr.State as a
+`Replay` (decoded once; moving forward a frame costs only that frame's events).
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ from dflash import events as ev
 from dflash.engine import Engine
 from dflash.errors import BusyError, DFlashError, ValidationError
 from dflash.request import Request
-from dflash.zerogpu import duration_for, gpu_decorator, zero_gpu
-from ui import plots, render
+from dflash.zerogpu import zero_gpu
+from ui import gpu, plots, render
 from ui.render_inspector import inspector_html
 from ui.render_stats import comparison, stats_html
 from ui.engines import EngineProvider
 from ui.exports import history_row, history_table, write_exports
-from ui.replay import Trace, TraceError, bundled_traces, events_at, frame_label, frames, load_trace_file
+from ui.replay import Replay, Trace, TraceError, bundled_traces, events_at, frame_label, frames, load_trace_file
+from ui.run_state import RunState, as_state
+from ui.sessions import GENERATION, REPLAY, SessionRuns
 
 USER_ERRORS = (DFlashError, TraceError)  # messages written for users; shown as they are
 
@@ -40,12 +43,8 @@ CONTROL_KEYS = ("prompt", "preset", "block_size", "steps", "confidence", "accept
                 "max_block", "temperature", "top_p", "max_new_tokens", "seed", "show_rejected", "step_mode")
 
 
-_GPU_ENGINES: dict[int, Engine] = {}  # engines the ZeroGPU worker (a fork of this process) looks up by id
-
-
-@gpu_decorator(duration=lambda key, request: duration_for(request.max_new_tokens))
-def _record_on_gpu(key: int, request: Request) -> list:
-    return list(_GPU_ENGINES[key].stream(request))
+# Status of a Generate or Compare that Stop reached while it waited in the queue (the Stop button shows it too).
+STOPPED_IN_QUEUE = "**Stopped by the user** before it started: nothing was run."
 
 
 @dataclass(frozen=True)
@@ -72,22 +71,13 @@ def _whole(value: Any) -> Any:
     return value
 
 
-def to_events(dicts: list[dict] | None) -> list:
-    return [ev.event_from_dict(d) for d in dicts or []]
-
-
 def trace_from_state(state: dict | None) -> Trace | None:
-    if not state:
-        return None
-    return Trace(to_events(state["events"]), dict(state.get("meta") or {}),
-                 to_events(state["baseline"]) if state.get("baseline") else None)
+    return state["replay"].trace if state else None
 
 
 def trace_state(trace: Trace, **extra: Any) -> dict:
-    d = {"events": [ev.event_to_dict(e) for e in trace.events], "meta": dict(trace.meta),
-         "baseline": [ev.event_to_dict(e) for e in trace.baseline] if trace.baseline else None}
-    d.update(extra)
-    return d
+    """A session's trace for its gr.State: the decoded trace with its replay cursor, plus where it came from."""
+    return {"replay": Replay(trace), **extra}
 
 
 def hardware(engine: Engine) -> str:
@@ -97,12 +87,13 @@ def hardware(engine: Engine) -> str:
     return f"{t.name or 'model'} · {where} · {str(t.dtype).removeprefix('torch.')}"
 
 
-def view(events: list, show_rejected: bool = True, block: int | None = None, baseline: list | None = None,
-         compare: dict | None = None, hw: str = "", charts: bool = True) -> dict[str, Any]:
-    out = {"legend": render.token_header_html(events, show_rejected), "tokens": render.token_stream_html(events, show_rejected),
-           "inspector": inspector_html(events, block), "stats": stats_html(events, compare, hw)}
+def view(events: RunState | list, show_rejected: bool = True, block: int | None = None,
+         baseline: RunState | list | None = None, compare: dict | None = None, hw: str = "", charts: bool = True) -> dict[str, Any]:
+    run = as_state(events)  # a list is folded once for all the panels
+    out = {"legend": render.token_header_html(run, show_rejected), "tokens": render.token_stream_html(run, show_rejected),
+           "inspector": inspector_html(run, block), "stats": stats_html(run, compare, hw)}
     if charts:
-        figs = plots.all_figures(events, baseline)
+        figs = plots.all_figures(run, baseline)
         out.update(block_length=figs["block_length"], histogram=figs["histogram"], positions=figs["positions"],
                    throughput=figs["throughput"])
     return out
@@ -129,36 +120,21 @@ class Playground:
     def __init__(self, engines: EngineProvider, settings: Settings | None = None, export_root: str | None = None):
         self.engines = engines
         self.settings = settings or Settings()
-        self._cancels: dict[str, threading.Event] = {}
-        self._cancels_lock = threading.Lock()
+        self.runs = SessionRuns()
+        self._gpu_number = gpu.register(engines)  # before any GPU call, so that the ZeroGPU worker has it
         root = Path(export_root or Path(tempfile.gettempdir()) / "gradio") / "dflash-exports"
         root.mkdir(parents=True, exist_ok=True)
         self.export_root = root
         self._run_counter = 0
         self._counter_lock = threading.Lock()
 
-    # -- cancel ------------------------------------------------------------------------------------------------
-    def _new_cancel(self, session: str) -> threading.Event:
-        cancel = threading.Event()
-        with self._cancels_lock:
-            old = self._cancels.get(session)
-            if old is not None:
-                old.set()  # a session runs one thing at a time: a new start stops its previous one
-            self._cancels[session] = cancel
-        return cancel
-
-    def _drop_cancel(self, session: str, cancel: threading.Event) -> None:
-        with self._cancels_lock:
-            if self._cancels.get(session) is cancel:
-                del self._cancels[session]
-
+    # -- stop --------------------------------------------------------------------------------------------------
     def stop(self, session: str) -> str:
-        with self._cancels_lock:
-            cancel = self._cancels.get(session)
-        if cancel is None:
-            return "Nothing is running."
-        cancel.set()
-        return "Stopping after the current step…"
+        """Stop the session's run after its current step, and its requests waiting in the queue."""
+        stopped = self.runs.stop(session)
+        if stopped.running:
+            return "Stopping after the current step…"
+        return STOPPED_IN_QUEUE if stopped.queued else "Nothing is running."
 
     # -- requests ----------------------------------------------------------------------------------------------
     def make_request(self, values: dict[str, Any], engine: Engine) -> Request:
@@ -182,22 +158,18 @@ class Playground:
             raise ValidationError("preset", "must be a preset name")
         return self.engines.get(preset)
 
-    def _start(self, engine: Engine, request: Request, session: str):
+    def _start(self, engine: Engine, preset: str, request: Request, session: str):
         """(event stream, its cancel flag) for this session; the flag is dropped again if the start fails."""
-        cancel = self._new_cancel(session)
+        cancel = self.runs.begin(session, GENERATION)
         try:
-            return self._stream(engine, request, cancel), cancel
+            return self._stream(engine, preset, request, cancel), cancel
         except BaseException:
-            self._drop_cancel(session, cancel)
+            self.runs.end(session, cancel)
             raise
 
-    def _stream(self, engine: Engine, request: Request, cancel: threading.Event):
-        if zero_gpu():
-            # ZeroGPU: record the whole run in the GPU worker (events are plain dataclasses, cheap to pickle) and
-            # animate it here, outside the GPU allocation. Stop cannot reach the worker; the deadline still holds.
-            key = id(engine)
-            _GPU_ENGINES[key] = engine
-            return iter(_record_on_gpu(key, request))
+    def _stream(self, engine: Engine, preset: str, request: Request, cancel: threading.Event) -> Iterator:
+        if zero_gpu():  # the whole run recorded in the GPU worker; Stop cannot reach it, the deadline holds
+            return gpu.recorded_stream(engine, (self._gpu_number, preset), request)
         try:
             return engine.stream(request, cancel, blocking=False)
         except BusyError:  # only when something outside the queue uses the engine; wait for it
@@ -205,11 +177,14 @@ class Playground:
 
     # -- generate ----------------------------------------------------------------------------------------------
     def generate(self, values: dict[str, Any], history: list | None, session: str) -> Iterator[dict[str, Any]]:
+        if not self.runs.take_admission(session):
+            yield {"status": STOPPED_IN_QUEUE}
+            return
         preset = values.get("preset")
         engine = self._engine(preset)
         request = self.make_request(values, engine)
         show_rejected, step_mode = bool(values.get("show_rejected", True)), bool(values.get("step_mode"))
-        stream, cancel = self._start(engine, request, session)
+        stream, cancel = self._start(engine, preset, request, session)
         hw = hardware(engine)
         s = self.settings
         try:
@@ -239,7 +214,7 @@ class Playground:
                 yield out
         finally:
             stream.close()  # frees the engine at once if this generator is closed early
-            self._drop_cancel(session, cancel)
+            self.runs.end(session, cancel)
         run_id = self._next_run()
         meta = {"title": f"Run {run_id}: {request.prompt[:60]}", "model": engine.name, "hardware": hw,
                 "recorded": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "source": "run"}
@@ -265,6 +240,9 @@ class Playground:
 
     # -- compare -----------------------------------------------------------------------------------------------
     def compare(self, state: dict | None, history: list | None, show_rejected: bool, session: str) -> Iterator[dict[str, Any]]:
+        if not self.runs.take_admission(session):
+            yield {"status": STOPPED_IN_QUEUE}
+            return
         trace = trace_from_state(state)
         if trace is None or state.get("source") != "run":
             raise ValidationError("compare", "needs a run from this session: press Generate first "
@@ -273,12 +251,13 @@ class Playground:
         fin = render.finished(trace.events)
         if st is None or fin is None:
             raise ValidationError("compare", "the run has not finished yet")
-        engine = self._engine(state.get("preset"))
+        preset = state.get("preset")
+        engine = self._engine(preset)
         # Same request, no draft, and just as many tokens as the run produced (a fair, shorter comparison).
         req = dict(st.request)
         req.update(use_draft=False, max_new_tokens=max(1, len(fin.output_ids)), deadline_s=self.settings.deadline_s)
         request = Request(**req)
-        stream, cancel = self._start(engine, request, session)
+        stream, cancel = self._start(engine, preset, request, session)
         base: list = []
         last = 0.0
         try:
@@ -292,7 +271,7 @@ class Playground:
                            "throughput": plots.throughput_figure(trace.events, base)}
         finally:
             stream.close()
-            self._drop_cancel(session, cancel)
+            self.runs.end(session, cancel)
         bfin = render.finished(base)
         if bfin is None or bfin.reason in ("cancelled", "timeout", "error"):
             yield {"status": f"Baseline {bfin.reason if bfin else 'stopped'}: {render.finish_words(bfin)} Nothing compared."}
@@ -310,7 +289,7 @@ class Playground:
                "throughput": plots.throughput_figure(trace.events, base),
                "status": f"**Compared with autoregressive:** baseline {comp['baseline_tokens_per_s']:.1f} tok/s, "
                          f"speedup {comp['speedup']:.2f}×, outputs {same}.",
-               "trace": trace_state(trace, **{k: v for k, v in state.items() if k not in ("events", "meta", "baseline")},
+               "trace": trace_state(trace, **{k: v for k, v in state.items() if k not in ("replay", "compare")},
                                     compare=comp),
                "history": history, "history_table": history_table(history), **self.exports(trace, history, run_id)}
 
@@ -327,56 +306,55 @@ class Playground:
         return self._loaded(load_trace_file(path), "upload", show_rejected)
 
     def _loaded(self, trace: Trace, source: str, show_rejected: bool) -> dict[str, Any]:
-        idx = frames(trace.events)
         comp = comparison(trace.events, trace.baseline) if trace.baseline else None
         hw = str(trace.meta.get("hardware", ""))
-        title = str(trace.meta.get("title", "trace"))
-        note = str(trace.meta.get("note", ""))
-        return {**view(trace.events, show_rejected, baseline=trace.baseline, compare=comp, hw=hw),
-                "status": f"**Loaded {source} trace:** {title}" + (f" — {note}" if note else ""),
-                "trace": trace_state(trace, source=source, compare=comp, hardware=hw),
-                "replay": gr.update(maximum=max(len(idx) - 1, 1), value=len(idx) - 1),
-                "replay_label": frame_label(trace.events, len(idx) - 1),
+        title = render.md_text(str(trace.meta.get("title", "trace")))
+        note = render.md_text(str(trace.meta.get("note", "")))
+        state = trace_state(trace, source=source, compare=comp, hardware=hw)
+        replay = state["replay"]
+        last = replay.n_frames - 1
+        with replay.lock:
+            shown = view(replay.seek(last), show_rejected, baseline=replay.baseline_state(), compare=comp, hw=hw)
+        return {**shown, "status": f"**Loaded {source} trace:** {title}" + (f" — {note}" if note else ""),
+                "trace": state, "replay": gr.update(maximum=max(last, 1), value=last), "replay_label": replay.label(last),
                 "inspect_block": gr.update(maximum=max(_n_blocks(trace.events), 1), value=0)}
 
     def show_frame(self, state: dict | None, frame: Any, block: Any, show_rejected: bool, charts: bool = True) -> dict[str, Any]:
-        trace = trace_from_state(state)
-        if trace is None:
+        if not state:
             return {"replay_label": "Nothing to replay yet: generate a run or load a trace."}
-        frame = _frame_index(frame, trace.events)
-        shown = events_at(trace.events, frame)
-        done = render.finished(shown) is not None
-        baseline = trace.baseline if done else None
-        return {**view(shown, show_rejected, _block(block), baseline, state.get("compare") if done else None,
-                       state.get("hardware", ""), charts=charts),
-                "replay_label": frame_label(trace.events, frame)}
+        replay: Replay = state["replay"]
+        frame = _frame_index(frame, replay)
+        with replay.lock:
+            shown = replay.seek(frame)
+            done = shown.finished is not None
+            out = view(shown, show_rejected, _block(block), replay.baseline_state() if done else None,
+                       state.get("compare") if done else None, state.get("hardware", ""), charts=charts)
+        return {**out, "replay_label": replay.label(frame)}
 
     def step(self, state: dict | None, frame: Any, delta: int, block: Any, show_rejected: bool) -> dict[str, Any]:
-        trace = trace_from_state(state)
-        if trace is None:
+        if not state:
             return {"replay_label": "Nothing to replay yet: generate a run or load a trace."}
-        new = max(0, min(_frame_index(frame, trace.events) + delta, len(frames(trace.events)) - 1))
+        new = state["replay"].clamp(_frame_index(frame, state["replay"]) + delta)
         return {**self.show_frame(state, new, block, show_rejected), "replay": new}
 
     def play(self, state: dict | None, frame: Any, block: Any, show_rejected: bool, session: str) -> Iterator[dict[str, Any]]:
-        trace = trace_from_state(state)
-        if trace is None:
+        if not state:
             yield {"replay_label": "Nothing to replay yet: generate a run or load a trace."}
             return
-        n = len(frames(trace.events))
-        start = _frame_index(frame, trace.events)
+        replay: Replay = state["replay"]
+        n = replay.n_frames
+        start = _frame_index(frame, replay)
         start = 0 if start >= n - 1 else start
-        cancel = self._new_cancel(session)
+        cancel = self.runs.begin(session, REPLAY)  # BusyError while a generation of this session runs
         try:
             for f in range(start, n):
                 if cancel.is_set():
                     break
-                e = trace.events[frames(trace.events)[f]]
-                charts = isinstance(e, (ev.Commit, ev.Finished, ev.Started))
+                charts = isinstance(replay.last_event(f), (ev.Commit, ev.Finished, ev.Started))
                 yield {**self.show_frame(state, f, block, show_rejected, charts=charts), "replay": f}
                 time.sleep(self.settings.play_delay_s)
         finally:
-            self._drop_cancel(session, cancel)
+            self.runs.end(session, cancel)
 
     # -- exports ----------------------------------------------------------------------------------------------
     def exports(self, trace: Trace, history: list, run_id: int) -> dict[str, Any]:
@@ -392,9 +370,6 @@ def _block(value: Any) -> int | None:
     return v if isinstance(v, int) and v > 0 else None
 
 
-def _frame_index(value: Any, events: list) -> int:
+def _frame_index(value: Any, replay: Replay) -> int:
     v = _whole(value)
-    n = len(frames(events))
-    if not isinstance(v, int):
-        return n - 1
-    return max(0, min(v, n - 1))
+    return replay.clamp(v) if isinstance(v, int) else replay.n_frames - 1

@@ -9,23 +9,23 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import gradio as gr
 
 from dflash.engine import Engine
+from dflash.registry import ASSETS
 from dflash.request import MAX_PROMPT_CHARS
 from ui import text
 from ui.engines import EngineProvider, Loader
 from ui.exports import HISTORY_COLUMNS, history_table
-from ui.handlers import CONTROL_KEYS, USER_ERRORS, VIEW_KEYS, Playground, Settings, defaults, view
+from ui.handlers import CONTROL_KEYS, STOPPED_IN_QUEUE, USER_ERRORS, VIEW_KEYS, Playground, Settings, defaults, view
 from ui.render import TOKEN_TEMPLATE
 from ui.replay import bundled_traces
 
 log = logging.getLogger("dflash.ui")
 
-CSS_PATH = Path(__file__).resolve().parent.parent / "assets" / "playground.css"
+CSS_PATH = ASSETS / "playground.css"
 QUEUE_SIZE = 16
 GENERIC_ERROR = "Something went wrong on the server (the details were logged). Please try again."
 # Show a clicked token's details under the stream (hover shows the same text as a tooltip).
@@ -70,12 +70,11 @@ def build_demo(engines: EngineProvider | Mapping[str, Engine] | Loader | None = 
     from gradio.utils import get_upload_folder
 
     pg = Playground(provider, settings, export_root=get_upload_folder())
-    loaded = [e for e in (provider.loaded(p) for p in ["default", *provider.presets]) if e is not None]
-    default_engine = loaded[0] if loaded else None
-    trained = (default_engine.trained_block_size if default_engine is not None else None) or 16
-    d = defaults(trained)
     presets = provider.presets
-    d["preset"] = "default" if "default" in presets else presets[0]
+    first = "default" if "default" in presets else presets[0]
+    trained = provider.block_size(first) or 16  # the first preset's draft block size (16 when it has none)
+    d = defaults(trained)
+    d["preset"] = first
     first_notice = notice if notice is not None else provider.notice(d["preset"])
     traces = list(bundled_traces())
 
@@ -195,8 +194,22 @@ def build_demo(engines: EngineProvider | Mapping[str, Engine] | Loader | None = 
             for out in _stream_errors(pg.compare(trace_v, history_v, bool(show_v), request.session_hash)):
                 yield pack(out)
 
-        def on_stop(request: gr.Request) -> None:
-            pg.stop(request.session_hash)
+        def on_stop(request: gr.Request) -> Any:
+            said = pg.stop(request.session_hash)
+            # A started run reports "stopped by the user" in its own last update, which a reply from here could
+            # overwrite (it may arrive later); a request stopped in the queue says so only when its turn comes.
+            return said if said == STOPPED_IN_QUEUE else gr.skip()
+
+        def admitted(n_inputs: int) -> Callable[..., list]:
+            """The validator of Generate and Compare, which Gradio runs as a request enters the queue: it tells
+            Stop that the session has a request waiting. Validation itself stays in the handler (it names the
+            parameter, and a raw payload may hold anything)."""
+
+            def admit(request: gr.Request, *values: Any) -> list:
+                pg.runs.admit(request.session_hash)
+                return [gr.validate(True, "")] * n_inputs
+
+            return admit
 
         def on_play(trace_v, frame_v, block_v, show_v, request: gr.Request):
             for out in _stream_errors(pg.play(trace_v, frame_v, block_v, bool(show_v), request.session_hash)):
@@ -205,15 +218,15 @@ def build_demo(engines: EngineProvider | Mapping[str, Engine] | Loader | None = 
         # Generate and Compare share one slot: one generation at a time on this server. Raw payloads
         # (preprocess=False) so our own validation names the parameter, NaN included.
         engine_slot = {"concurrency_id": "engine", "concurrency_limit": 1}
-        gen_event = generate.click(on_generate, controls + [history_state], outputs, api_name="generate", preprocess=False,
-                                   show_progress="hidden", **engine_slot)
-        prompt.submit(on_generate, controls + [history_state], outputs, api_visibility="private", preprocess=False,
-                      show_progress="hidden", **engine_slot)
-        compare.click(on_compare, [trace_state, history_state, show_rejected], outputs, api_name="compare",
-                      show_progress="hidden", **engine_slot)
-        # No output: the run itself reports "stopped by the user" in its last update (a reply from Stop could
-        # arrive after that update and overwrite it).
-        stop.click(on_stop, None, None, api_name="stop", queue=False)
+        gen_inputs, compare_inputs = controls + [history_state], [trace_state, history_state, show_rejected]
+        gen_event = generate.click(on_generate, gen_inputs, outputs, api_name="generate", preprocess=False,
+                                   show_progress="hidden", validator=admitted(len(gen_inputs)), **engine_slot)
+        prompt.submit(on_generate, gen_inputs, outputs, api_visibility="private", preprocess=False,
+                      show_progress="hidden", validator=admitted(len(gen_inputs)), **engine_slot)
+        compare.click(on_compare, compare_inputs, outputs, api_name="compare", show_progress="hidden",
+                      validator=admitted(len(compare_inputs)), **engine_slot)
+        # Outside the queue, so that it reaches a run at once; it stops the session's queued requests too.
+        stop.click(on_stop, None, status, api_name="stop", queue=False, show_progress="hidden")
         reset.click(lambda: tuple(defaults(trained)[k] if k != "preset" else d["preset"] for k in CONTROL_KEYS), None, controls,
                     api_name="reset", queue=False)
         acceptance.change(lambda v: gr.update(label=_acceptance_label(v)), acceptance, acceptance, queue=False,
@@ -221,6 +234,8 @@ def build_demo(engines: EngineProvider | Mapping[str, Engine] | Loader | None = 
         preset.change(lambda p: provider.notice(p) if provider.loaded(p) is not None else
                       f"Preset **{p}** loads on the first Generate (it needs a GPU and hub access).",
                       preset, notice_md, queue=False, api_visibility="private")
+        preset.change(lambda p: block_updates(provider.block_size(p)), preset, [block_size, max_block], queue=False,
+                      api_visibility="private", show_progress="hidden")
 
         replay_inputs = [trace_state, replay, inspect_block, show_rejected]
         load_trace.click(lambda label, show_v: pack(_errors(lambda: pg.load_bundled(label, bool(show_v)))),
@@ -239,13 +254,19 @@ def build_demo(engines: EngineProvider | Mapping[str, Engine] | Loader | None = 
         show_rejected.change(lambda t, f, b, s: pack(_errors(lambda: pg.show_frame(t, f, b, bool(s), charts=False)) if t else {}),
                              replay_inputs, outputs, api_visibility="private", show_progress="hidden")
         def on_unload(request: gr.Request):  # closing the tab stops its run
-            pg.stop(request.session_hash)
+            pg.runs.forget(request.session_hash)
 
         demo.unload(on_unload)
         demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=4)
         demo.playground = pg  # for tests and notebooks
         demo.gen_event = gen_event
     return demo
+
+
+def block_updates(size: int | None) -> tuple:
+    """(block size, max block size) for a newly chosen preset: its draft's block size, as the defaults set both;
+    left as they are when the preset's block size is unknown."""
+    return (gr.update(value=size), gr.update(value=size)) if size else (gr.skip(), gr.skip())
 
 
 def _acceptance_label(value: Any) -> str:

@@ -4,19 +4,22 @@ acceptance, throughput vs the baseline).
 Gradio remounts a plotly figure on every update, so the playground redraws these only at block ends and
 keeps axis ranges fixed (they grow in whole chunks) so a redraw doesn't jump. `template="none"` keeps the
 JSON small. Every series has a second, non-colour encoding (dash style, marker symbol or bar pattern).
+Text from the events (the controller's reasons) is HTML-escaped: plotly draws a few tags (links, bold …) in
+annotations and hover labels. Every builder takes a list of events or the RunState they fold into.
 Figures are assembled as plain dicts and wrapped without plotly's validation: property-path updates
 (`update_layout`, `add_hline`, …) and validation cost ~40 ms per call on a small CPU, too slow for a live view.
 """
 
 from __future__ import annotations
 
+import html
 import math
 from typing import Any
 
 import plotly.graph_objects as go
 
-from dflash import events as ev
-from ui.render import BLUE, GREEN, GREY, ORANGE, VERMILLION, run_stats, started
+from ui.render import BLUE, GREEN, GREY, ORANGE, VERMILLION, run_stats
+from ui.run_state import RunState, as_state
 
 X_CHUNK = 20  # the x axis grows in steps of this many blocks
 GRID = "rgba(128,128,128,0.2)"
@@ -45,31 +48,35 @@ def _note(text: str) -> dict[str, Any]:
     return {"text": text, "x": 0.5, "y": 0.5, "xref": "paper", "yref": "paper", "showarrow": False, "font": {"color": GREY}}
 
 
-def max_block(events: list) -> int:
+def max_block(run: RunState | list) -> int:
     """Largest block size the run could use (for fixed axis ranges)."""
-    st = started(events)
-    sizes = [e.size for e in events if isinstance(e, ev.BlockSize)]
+    state = as_state(run)
+    st = state.started
     cfg = 1
     if st is not None and st.has_draft:
         cfg = st.request.get("max_block_size") or st.request.get("block_size") or st.trained_block_size or 1
-    return max([cfg, 1, *sizes])
+    return max([cfg, 1, state.max_size])
+
+
+def _plain(text: str) -> str:
+    return html.escape(text, quote=False)
 
 
 def _short(reason: str, limit: int = 28) -> str:
-    return reason if len(reason) <= limit else reason[: limit - 1] + "…"
+    return _plain(reason if len(reason) <= limit else reason[: limit - 1] + "…")
 
 
-def block_length_figure(events: list) -> go.Figure:
+def block_length_figure(run: RunState | list) -> go.Figure:
     """Drafted block size (step line) and tokens committed (accepted + the target's token, markers) per verify
     step, with the controller's decisions written where the size changes."""
-    verifies = [e for e in events if isinstance(e, ev.Verify)]
-    decisions = {e.block: e for e in events if isinstance(e, ev.BlockSize)}
-    bmax = max_block(events)
+    state = as_state(run)
+    verifies, blocks = state.verifies, state.blocks
+    bmax = max_block(state)
     xs = [v.block for v in verifies]
     data = [
         {"type": "scatter", "x": xs, "y": [v.block_size for v in verifies], "mode": "lines", "line": {"shape": "hv",
          "color": BLUE, "width": 2, "dash": "solid"}, "name": "block size drafted",
-         "hovertext": [decisions[v.block].reason if v.block in decisions else "" for v in verifies],
+         "hovertext": [_plain(blocks[v.block].size.reason) if blocks[v.block].size else "" for v in verifies],
          "hovertemplate": "block %{x}: size %{y}<br>%{hovertext}<extra></extra>"},
         {"type": "scatter", "x": xs, "y": [v.accepted_len + 1 for v in verifies], "mode": "markers",
          "name": "tokens committed (accepted + 1)",
@@ -80,14 +87,9 @@ def block_length_figure(events: list) -> go.Figure:
                "line": {"dash": "dot", "color": GREY, "width": 1}}]
     notes = [{"text": f"max {bmax}", "xref": "paper", "x": 0, "y": bmax, "yanchor": "bottom", "xanchor": "left",
               "showarrow": False, "font": {"size": 10, "color": GREY}}]
-    prev = None
-    for v in verifies:
-        d = decisions.get(v.block)
-        # Annotate the controller's own decisions, not the clip to the tokens left at the end.
-        if d is not None and prev is not None and d.size != prev and "clipped" not in d.reason and len(notes) < 13:
-            notes.append({"x": v.block, "y": d.size, "text": _short(d.reason), "showarrow": True, "arrowhead": 2, "ax": 0,
-                          "ay": -22, "font": {"size": 9, "color": GREY}, "arrowcolor": GREY})
-        prev = d.size if d is not None else prev
+    for d in state.size_changes[:12]:  # the controller's own decisions, not the clip to the tokens left at the end
+        notes.append({"x": d.block, "y": d.size, "text": _short(d.reason), "showarrow": True, "arrowhead": 2, "ax": 0,
+                      "ay": -22, "font": {"size": 9, "color": GREY}, "arrowcolor": GREY})
     if not verifies:
         notes.append(_note("waiting for the first block…"))
     xmax = max(X_CHUNK, math.ceil(max(len(verifies), 1) / X_CHUNK) * X_CHUNK)
@@ -95,10 +97,11 @@ def block_length_figure(events: list) -> go.Figure:
                    _axis("tokens", [0, bmax + 1.5]), shapes, notes)
 
 
-def acceptance_histogram_figure(events: list) -> go.Figure:
+def acceptance_histogram_figure(run: RunState | list) -> go.Figure:
     """Share of verify steps that committed k tokens (accepted drafts + the target's token), τ marked."""
-    s = run_stats(events) if events else {"acceptance_histogram": {}, "tau": 0.0}
-    bmax = max_block(events) if events else 1
+    state = as_state(run)
+    s = run_stats(state) if state.n_events else {"acceptance_histogram": {}, "tau": 0.0}
+    bmax = max_block(state) if state.n_events else 1
     hist = {int(k): n for k, n in s["acceptance_histogram"].items()}
     total = sum(hist.values())
     ks = list(range(1, bmax + 1))
@@ -119,24 +122,24 @@ def acceptance_histogram_figure(events: list) -> go.Figure:
                    _axis("share of steps", [0, 1.05], tickformat=".0%"), shapes, notes)
 
 
-def position_rates(events: list) -> tuple[list[int], list[float | None], list[float | None], list[int]]:
+def position_rates(run: RunState | list) -> tuple[list[int], list[float | None], list[float | None], list[int]]:
     """Per draft position k: P(accepted | all earlier accepted), the share of drafted blocks accepted through k,
     and how many blocks reached k."""
-    verifies = [e for e in events if isinstance(e, ev.Verify) and e.draft_tokens]
-    bmax = max(max_block(events) if events else 2, 2)
+    state = as_state(run)
+    bmax = max(max_block(state) if state.n_events else 2, 2)
     ks = list(range(1, bmax))
     cond, uncond, reached_n = [], [], []
     for k in ks:
-        drafted = [v for v in verifies if len(v.draft_tokens) >= k]
-        reached = [v for v in drafted if v.accepted_len >= k - 1]
-        cond.append(sum(v.accepted_len >= k for v in reached) / len(reached) if reached else None)
-        uncond.append(sum(v.accepted_len >= k for v in drafted) / len(drafted) if drafted else None)
-        reached_n.append(len(reached))
+        drafted, reached, accepted = (c[k - 1] if k <= len(c) else 0 for c in (state.drafted, state.reached, state.accepted))
+        cond.append(accepted / reached if reached else None)
+        uncond.append(accepted / drafted if drafted else None)
+        reached_n.append(reached)
     return ks, cond, uncond, reached_n
 
 
-def per_position_figure(events: list) -> go.Figure:
-    ks, cond, uncond, reached_n = position_rates(events)
+def per_position_figure(run: RunState | list) -> go.Figure:
+    state = as_state(run)
+    ks, cond, uncond, reached_n = position_rates(state)
     data = [
         {"type": "bar", "x": ks, "y": cond, "name": "P(accept | reached)", "customdata": reached_n,
          "marker": {"color": GREEN, "pattern": {"shape": "x"}},
@@ -147,7 +150,7 @@ def per_position_figure(events: list) -> go.Figure:
     ]
     notes = []
     if not any(n for n in reached_n):
-        st = started(events)
+        st = state.started
         notes.append(_note("no drafted positions (no draft)" if st is not None and not st.has_draft else "no blocks yet"))
     bmax = ks[-1] + 1
     return _figure(data, "Acceptance by draft position",
@@ -155,15 +158,16 @@ def per_position_figure(events: list) -> go.Figure:
                    _axis("acceptance", [0, 1.05], tickformat=".0%"), annotations=notes)
 
 
-def throughput_figure(events: list, baseline: list | None = None) -> go.Figure:
+def throughput_figure(run: RunState | list, baseline: RunState | list | None = None) -> go.Figure:
     """Cumulative output tokens against wall-clock time: this run (solid) and the no-draft baseline (dashed)."""
     data, notes = [], []
     tmax, nmax = 1.0, 1
-    series = [("this run", events, BLUE, "solid", "circle")]
-    if baseline:
-        series.append(("baseline (no draft)", baseline, VERMILLION, "dash", "x"))
+    state, base = as_state(run), as_state(baseline) if baseline else None
+    series = [("this run", state, BLUE, "solid", "circle")]
+    if base is not None:
+        series.append(("baseline (no draft)", base, VERMILLION, "dash", "x"))
     for name, evs, color, dash, symbol in series:
-        commits = [e for e in evs if isinstance(e, ev.Commit)]
+        commits = evs.commits
         if not commits:
             continue
         xs = [0.0] + [round(c.t_ms / 1000, 4) for c in commits]
@@ -173,8 +177,8 @@ def throughput_figure(events: list, baseline: list | None = None) -> go.Figure:
                      "line": {"shape": "hv", "color": color, "dash": dash, "width": 2}, "marker": {"symbol": symbol, "size": 4},
                      "hovertemplate": "%{x:.2f} s: %{y} tokens<extra>" + name + "</extra>"})
         tmax, nmax = max(tmax, xs[-1]), max(nmax, ys[-1])
-    if baseline and events:
-        run_t, base_t = run_stats(events)["tokens_per_s"], run_stats(baseline)["tokens_per_s"]
+    if base is not None and state.n_events:
+        run_t, base_t = run_stats(state)["tokens_per_s"], run_stats(base)["tokens_per_s"]
         if base_t > 0:
             notes.append({"text": f"speedup {run_t / base_t:.2f}×", "x": 0.02, "y": 0.98, "xref": "paper", "yref": "paper",
                           "showarrow": False, "xanchor": "left", "yanchor": "top", "font": {"size": 12}})
@@ -195,6 +199,7 @@ def _nice(x: float) -> float:
     return float(10 * p)
 
 
-def all_figures(events: list, baseline: list | None = None) -> dict[str, go.Figure]:
-    return {"block_length": block_length_figure(events), "histogram": acceptance_histogram_figure(events),
-            "positions": per_position_figure(events), "throughput": throughput_figure(events, baseline)}
+def all_figures(run: RunState | list, baseline: RunState | list | None = None) -> dict[str, go.Figure]:
+    state = as_state(run)
+    return {"block_length": block_length_figure(state), "histogram": acceptance_histogram_figure(state),
+            "positions": per_position_figure(state), "throughput": throughput_figure(state, baseline)}

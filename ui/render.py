@@ -2,7 +2,8 @@
 panel are in render_inspector.py and render_stats.py), plus the event helpers they share.
 
 Nothing here touches a model or Gradio: every function takes a list of `dflash.events` objects (a live run or
-a loaded trace, possibly cut at a replay frame) and returns a string, so a trace replays exactly as it ran.
+a loaded trace, possibly cut at a replay frame) or the RunState they fold into (ui/run_state.py), and returns a
+string, so a trace replays exactly as it ran. Every value from the events is escaped on its way into HTML.
 Colours are Okabe-Ito (colour-blind safe) and every state also has a non-colour cue (underline style, strike-
 through, hatching, glyph); the CSS lives in assets/playground.css.
 """
@@ -10,9 +11,12 @@ through, hatching, glyph); the CSS lives in assets/playground.css.
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass, field
+import re
+from typing import Any
 
 from dflash import events as ev
+from dflash.stats import compute_stats
+from ui.run_state import BlockInfo, RunState, as_state
 
 # Okabe-Ito colours, also used by ui/plots.py.
 BLUE, VERMILLION, GREEN, ORANGE, SKY, PURPLE, GREY = "#0072B2", "#D55E00", "#009E73", "#E69F00", "#56B4E9", "#CC79A7", "#6B6B6B"
@@ -29,39 +33,20 @@ TOKEN_STYLES = {
 }
 
 
-@dataclass
-class BlockInfo:
-    """Everything the events say about one block (block 0 = the prefill's first token)."""
-
-    block: int
-    size: ev.BlockSize | None = None
-    steps: list[ev.DraftStep] = field(default_factory=list)
-    verify: ev.Verify | None = None
-    commit: ev.Commit | None = None
+def group_blocks(run: RunState | list) -> dict[int, BlockInfo]:
+    return as_state(run).blocks
 
 
-def group_blocks(events: list) -> dict[int, BlockInfo]:
-    blocks: dict[int, BlockInfo] = {}
-    for e in events:
-        if isinstance(e, (ev.BlockSize, ev.DraftStep, ev.Verify, ev.Commit)):
-            info = blocks.setdefault(e.block, BlockInfo(e.block))
-            if isinstance(e, ev.BlockSize):
-                info.size = e
-            elif isinstance(e, ev.DraftStep):
-                info.steps.append(e)
-            elif isinstance(e, ev.Verify):
-                info.verify = e
-            else:
-                info.commit = e
-    return blocks
+def started(run: RunState | list) -> ev.Started | None:
+    if isinstance(run, RunState):
+        return run.started
+    return next((e for e in run if isinstance(e, ev.Started)), None)
 
 
-def started(events: list) -> ev.Started | None:
-    return next((e for e in events if isinstance(e, ev.Started)), None)
-
-
-def finished(events: list) -> ev.Finished | None:
-    return events[-1] if events and isinstance(events[-1], ev.Finished) else None
+def finished(run: RunState | list) -> ev.Finished | None:
+    if isinstance(run, RunState):
+        return run.finished
+    return run[-1] if run and isinstance(run[-1], ev.Finished) else None
 
 
 # -- text helpers ----------------------------------------------------------------------------------------------
@@ -91,45 +76,63 @@ def quoted(text: str) -> str:
     return "“" + text.replace("\n", "↵").replace("\t", "⇥") + "”"
 
 
-def attr(text: str) -> str:
-    return html.escape(text, quote=True)
+def attr(value: Any) -> str:
+    """Any value as the text of an HTML attribute or element."""
+    return html.escape(str(value), quote=True)
+
+
+def md_text(text: str) -> str:
+    """Text for a Markdown component, shown as typed: HTML escaped, Markdown's link, emphasis and code signs
+    backslashed (so a trace's title cannot become a link, an image or markup)."""
+    return re.sub(r"([\\`*_\[\]()#!|~])", r"\\\1", html.escape(text, quote=False))
 
 
 # -- token stream ----------------------------------------------------------------------------------------------
 def token_class(kind: str, block: int, has_draft: bool) -> str:
+    """The CSS class suffix: a fixed name, never text from the events."""
     if block == 0:
         return "first"
     if not has_draft:
         return "target"
-    return kind
+    return kind if kind in ev.TOKEN_KINDS else "other"
 
 
 def _token_span(cls: str, text: str, title: str, extra: str = "") -> str:
     return f'<span class="tok tok-{cls}{extra}" title="{attr(title)}">{show_text(text, breaks=cls != "rejected")}</span>'
 
 
-def token_spans(events: list, show_rejected: bool = True) -> list[str]:
+def token_spans(run: RunState | list, show_rejected: bool = True) -> list[str]:
     """One <span> per committed token, in output order; rejected draft tokens (optional) before each correction."""
-    st = started(events)
-    has_draft = bool(st.has_draft) if st else True
-    verifies: dict[int, ev.Verify] = {}
-    spans: list[str] = []
-    for e in events:
-        if isinstance(e, ev.Verify):
-            verifies[e.block] = e
-        if not isinstance(e, ev.Commit):
-            continue
-        v = verifies.get(e.block)
-        first_index = e.n_out - len(e.token_ids)  # output index of this commit's first token
-        for i, (tid, kind, text) in enumerate(zip(e.token_ids, e.kinds, e.texts)):
-            pos = first_index + i
-            cls = token_class(kind, e.block, has_draft)
-            conf = e.confidences[i] if i < len(e.confidences) else -1.0
-            if cls == "correction" and v is not None and show_rejected:
-                spans.extend(_rejected_spans(v))
-            title = _token_title(cls, e.block, pos, conf, v, i, text)
-            relaxed = cls == "draft" and v is not None and i < len(v.relaxed) and v.relaxed[i]
-            spans.append(_token_span(cls, text, title, " tok-relaxed" if relaxed else ""))
+    return list(_spans(as_state(run), show_rejected))
+
+
+def _spans(state: RunState, show_rejected: bool) -> list[str]:
+    """The spans so far, kept in the state: only commits added (or taken back) since the last call cost work."""
+    done = state.cache.setdefault(("spans", show_rejected), {"commits": [], "ends": [], "spans": []})
+    commits, ends, spans = done["commits"], done["ends"], done["spans"]  # rendered commits, len(spans) after each
+    while commits and (len(commits) > len(state.commits) or commits[-1] is not state.commits[len(commits) - 1]):
+        commits.pop(), ends.pop()  # the state stepped back
+    del spans[ends[-1] if ends else 0:]
+    has_draft = bool(state.started.has_draft) if state.started else True
+    for c in state.commits[len(commits):]:
+        spans.extend(_commit_spans(c, state.blocks[c.block].verify, has_draft, show_rejected))
+        commits.append(c)
+        ends.append(len(spans))
+    return spans
+
+
+def _commit_spans(e: ev.Commit, v: ev.Verify | None, has_draft: bool, show_rejected: bool) -> list[str]:
+    spans = []
+    first_index = e.n_out - len(e.token_ids)  # output index of this commit's first token
+    for i, (tid, kind, text) in enumerate(zip(e.token_ids, e.kinds, e.texts)):
+        pos = first_index + i
+        cls = token_class(kind, e.block, has_draft)
+        conf = e.confidences[i] if i < len(e.confidences) else -1.0
+        if cls == "correction" and v is not None and show_rejected:
+            spans.extend(_rejected_spans(v))
+        title = _token_title(cls, e.block, pos, conf, v, i, text)
+        relaxed = cls == "draft" and v is not None and i < len(v.relaxed) and v.relaxed[i]
+        spans.append(_token_span(cls, text, title, " tok-relaxed" if relaxed else ""))
     return spans
 
 
@@ -180,11 +183,11 @@ def prompt_of(st: ev.Started | None) -> str:
     return st.request.get("prompt") or st.prompt_text
 
 
-def token_stream_html(events: list, show_rejected: bool = True,
+def token_stream_html(run: RunState | list, show_rejected: bool = True,
                       placeholder: str = "Press Generate (or load a trace) to see tokens stream here.") -> str:
     """The answer as token spans and nothing else: while a run grows, each new value extends the previous one,
     so Gradio streams only the appended part (the page wraps it with TOKEN_TEMPLATE)."""
-    spans = token_spans(events, show_rejected)
+    spans = _spans(as_state(run), show_rejected)
     return "".join(spans) if spans else f'<span class="dfl-placeholder">{attr(placeholder)}</span>'
 
 
@@ -194,9 +197,9 @@ TOKEN_TEMPLATE = ('<div class="dfl-stream-scroll"><div class="dfl-stream">${valu
                   "confidence and the target's choice.</div>")
 
 
-def token_header_html(events: list, show_rejected: bool = True) -> str:
+def token_header_html(run: RunState | list, show_rejected: bool = True) -> str:
     """Legend (colour + non-colour cue for each kind present in this kind of run) and the prompt."""
-    st = started(events)
+    st = started(run)
     has_draft = bool(st.has_draft) if st else True
     prompt = prompt_of(st)
     head = (f'<div class="dfl-prompt"><b>Prompt:</b> {attr(prompt[:400])}{"…" if len(prompt) > 400 else ""}</div>'
@@ -217,9 +220,9 @@ def finish_words(fin: ev.Finished | None) -> str:
     return f"Finished ({fin.reason}): {words}{extra}."
 
 
-def run_stats(events: list) -> dict:
+def run_stats(run: RunState | list) -> dict:
     """The run's statistics: Finished.stats when the run is over, else computed from the events so far."""
-    from dflash.stats import compute_stats
-
-    fin = finished(events)
-    return fin.stats if fin is not None and fin.stats else compute_stats(events)
+    fin = finished(run)
+    if fin is not None and fin.stats:
+        return fin.stats
+    return run.stats() if isinstance(run, RunState) else compute_stats(run)

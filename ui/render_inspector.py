@@ -6,7 +6,8 @@ Cells show the draft's token and confidence (shading) or MASK (hatched), the pos
 
 from __future__ import annotations
 
-from ui.render import BlockInfo, attr, group_blocks, quoted, show_text
+from ui.render import BlockInfo, attr, quoted, show_text
+from ui.run_state import RunState, as_state
 
 
 def block_summary(info: BlockInfo) -> str:
@@ -66,24 +67,25 @@ def inspector_grid(info: BlockInfo) -> list[list[dict]]:
     return rows
 
 
-def inspector_html(events: list, block: int | None = None) -> str:
+def inspector_html(run: RunState | list, block: int | None = None) -> str:
     """Grid of denoising steps × block positions for `block` (None or missing: the latest block)."""
-    blocks = group_blocks(events)
+    state = as_state(run)
+    blocks = state.blocks
     if not blocks:
         return ('<div class="dfl-insp"><p class="dfl-placeholder">The block inspector shows each draft block here: '
                 'denoising steps × positions, then the target\'s verdict.</p></div>')
     info = blocks.get(block) if block else None
     if info is None:
-        info = blocks[max(blocks)]
+        info = blocks[state.latest_block]
     summary = f'<p class="insp-summary" aria-live="polite">{attr(block_summary(info))}</p>'
     size = info.size
-    ctrl = f'<p class="insp-ctrl">Controller: block size {size.size} — {attr(size.reason)}</p>' if size else ""
+    ctrl = f'<p class="insp-ctrl">Controller: block size {attr(size.size)} — {attr(size.reason)}</p>' if size else ""
     if info.block == 0 or (info.verify is None and not info.steps):
         return f'<div class="dfl-insp">{summary}{ctrl}</div>'
     grid = inspector_grid(info)
     width = max(len(r) for r in grid)
     start = info.steps[0].start if info.steps else (info.verify.start if info.verify else 0)
-    head = "".join(f'<th scope="col" title="absolute position {start + i}">{"anchor" if i == 0 else i}</th>'
+    head = "".join(f'<th scope="col" title="absolute position {attr(start + i)}">{"anchor" if i == 0 else i}</th>'
                    for i in range(width))
     rows_html = []
     for r, row in enumerate(grid):
@@ -92,7 +94,7 @@ def inspector_html(events: list, block: int | None = None) -> str:
             label = "verify"
         else:
             s = info.steps[r]
-            label = f"step {s.step + 1}/{s.n_steps}"
+            label = attr(f"step {s.step + 1}/{s.n_steps}")
         cells = []
         for c in row:
             k = c["kind"]
@@ -109,7 +111,7 @@ def inspector_html(events: list, block: int | None = None) -> str:
                 cells.append(_cell(c["text"], c["conf"], "cell-old",
                                    f"committed at an earlier step (confidence {c['conf']:.2f})"))
             elif k == "ok":
-                cells.append(f'<td class="v-ok" title="accepted: the target agrees"><span class="glyph">✓</span></td>')
+                cells.append('<td class="v-ok" title="accepted: the target agrees"><span class="glyph">✓</span></td>')
             elif k == "bad":
                 tip = f"rejected: draft {quoted(c['draft'])}, the target chose {quoted(c['text'])}"
                 cells.append(f'<td class="v-bad" title="{attr(tip)}"><span class="glyph">✗</span> '
@@ -127,8 +129,8 @@ def inspector_html(events: list, block: int | None = None) -> str:
                f'({word}) · draft {v.draft_ms:.0f} ms · verify {v.verify_ms:.0f} ms</p>')
     elif info.verify is not None:
         nxt = f'<p class="insp-next">verify {info.verify.verify_ms:.0f} ms (one target forward)</p>'
-    table = (f'<div class="insp-scroll"><table class="insp" aria-label="Block {info.block}: denoising steps by position">'
-             f'<thead><tr><th scope="col">block {info.block}</th>{head}</tr></thead>'
+    table = (f'<div class="insp-scroll"><table class="insp" aria-label="Block {attr(info.block)}: denoising steps by '
+             f'position"><thead><tr><th scope="col">block {attr(info.block)}</th>{head}</tr></thead>'
              f'<tbody>{"".join(rows_html)}</tbody></table></div>')
     key = ('<p class="insp-key">Cells: shading = draft confidence · <span class="key-new">outlined ●</span> committed at '
            'this step · <span class="key-mask">hatched MASK</span> still masked · ✓ accepted · ✗ first rejection (with '

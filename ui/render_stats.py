@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dflash import events as ev
-from ui.render import attr, finished, run_stats, started
+from ui.render import attr, finished, run_stats
+from ui.run_state import RunState, as_state
 
 
 def comparison(run_events: list, base_events: list) -> dict:
@@ -27,11 +28,12 @@ def _output_ids(events: list) -> list[int]:
     return [t for e in events if isinstance(e, ev.Commit) for t in e.token_ids]
 
 
-def stats_html(events: list, compare: dict | None = None, hardware: str = "") -> str:
-    if not events:
+def stats_html(run: RunState | list, compare: dict | None = None, hardware: str = "") -> str:
+    state = as_state(run)
+    if not state.n_events:
         return '<div class="dfl-stats"><p class="dfl-placeholder">Statistics appear here while a run streams.</p></div>'
-    s = run_stats(events)
-    st = started(events)
+    s = run_stats(state)
+    st = state.started
     draft_share = s["draft_share"] * 100
     items = [
         ("τ (tokens per target step)", f"{s['tau']:.2f}",
@@ -49,9 +51,9 @@ def stats_html(events: list, compare: dict | None = None, hardware: str = "") ->
     if st is not None and not st.has_draft:
         badges.append('<span class="badge badge-info">no draft: autoregressive baseline</span>')
     if s.get("lossy"):
-        badges.append(f'<span class="badge badge-lossy">⚠ LOSSY (acceptance threshold &lt; 1): {s["drift_tokens"]} '
+        badges.append(f'<span class="badge badge-lossy">⚠ LOSSY (acceptance threshold &lt; 1): {attr(s["drift_tokens"])} '
                       f'tokens accepted that the target would not have chosen</span>')
-    fin = finished(events)
+    fin = state.finished
     if fin is not None:
         badges.append(f'<span class="badge">{attr(fin.reason)}</span>')
     comp = ""
@@ -59,16 +61,16 @@ def stats_html(events: list, compare: dict | None = None, hardware: str = "") ->
         ok = compare["identical"]
         same = ("✓ identical to the target's own output" if ok else
                 f"✗ differs from the target's own output at token {compare['first_diff']}")
-        comp = (f'<div class="stat-compare" id="compare-result">'
+        comp = ('<div class="stat-compare" id="compare-result">'
                 + _stat("baseline tokens / s", f"{compare['baseline_tokens_per_s']:.1f}")
                 + _stat("speedup", f"{compare['speedup']:.2f}×") +
                 f'<div class="stat"><div class="k">outputs</div>'
                 f'<div class="v {"same" if ok else "diff"}">{attr(same)}</div></div>'
                 f'<p class="cmp-note">Baseline = the same engine without a draft (one token per target step), same prompt and '
-                f'settings, {compare["n_compared"]} tokens compared.</p></div>')
+                f'settings, {attr(compare["n_compared"])} tokens compared.</p></div>')
     hw = f'<p class="hw">{attr(hardware)}</p>' if hardware else ""
-    data = (f'<span hidden class="stats-data" data-tau="{s["tau"]:.4f}" data-n-out="{s["n_output_tokens"]}" '
-            f'data-n-verify="{s["n_verify"]}" data-reason="{attr(fin.reason if fin else "running")}"></span>')
+    data = (f'<span hidden class="stats-data" data-tau="{s["tau"]:.4f}" data-n-out="{attr(s["n_output_tokens"])}" '
+            f'data-n-verify="{attr(s["n_verify"])}" data-reason="{attr(fin.reason if fin else "running")}"></span>')
     return (f'<div class="dfl-stats"><div class="stat-grid">{cells}</div><div class="badges">{"".join(badges)}</div>'
             f'{comp}{hw}{data}</div>')
 

@@ -2,9 +2,10 @@
 
 A trace is the list of engine events of one run plus a little metadata, stored as
 `{"format": "dflash-trace", "version": 1, "meta": {...}, "events": [event dicts]}`. The CLI's
-`generate --trace` JSON-lines file (one event per line) loads too. A replay *frame* is a point where the
-picture changes: the start, each denoising step, each commit (prefill's first token, each verified block) and
-the end; rendering frame k = the pure render functions applied to the events up to that frame.
+`generate --trace` JSON-lines file (one event per line) loads too; every field is checked on the way in
+(ui/trace_schema.py). A replay *frame* is a point where the picture changes: the start, each denoising step, each
+commit (prefill's first token, each verified block) and the end. A `Replay` decodes a trace once and keeps the
+view state of its current frame, so moving to the next or previous frame costs only the events in between.
 """
 
 from __future__ import annotations
@@ -12,21 +13,21 @@ from __future__ import annotations
 import csv
 import io
 import json
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dflash import events as ev
-from dflash.events import event_from_dict, event_to_dict
+from dflash.events import event_to_dict
+from dflash.registry import ASSETS
+from ui.run_state import RunState
+from ui.trace_schema import (MAX_RUN_EVENTS, MAX_TRACE_BYTES, MAX_TRACE_EVENTS, TraceError, check_event, check_meta,
+                             check_run, shown)
 
 TRACE_FORMAT, TRACE_VERSION = "dflash-trace", 1
-MAX_TRACE_BYTES = 20 * 1024 * 1024
-MAX_TRACE_EVENTS = 200_000
-TRACES_DIR = Path(__file__).resolve().parent.parent / "assets" / "traces"
-
-
-class TraceError(ValueError):
-    """A trace file that cannot be replayed; the message is safe to show."""
+TRACES_DIR = ASSETS / "traces"
+_NOT_JSON = object()
 
 
 @dataclass
@@ -49,63 +50,67 @@ def dumps_trace(trace: Trace) -> str:
     return json.dumps(trace_dict(trace), ensure_ascii=False, separators=(",", ":"))
 
 
-def _event(d: Any, where: str) -> ev.Event:
-    if not isinstance(d, dict) or d.get("type") not in ev.EVENT_TYPES:
-        kind = d.get("type") if isinstance(d, dict) else type(d).__name__
-        raise TraceError(f"trace: {where} is not a DFlash event (type {str(kind)[:40]!r})")
+def _json(text: str) -> Any:
     try:
-        return event_from_dict(d)
-    except TypeError:
-        raise TraceError(f"trace: {where} has missing or unknown fields for a {d['type']} event") from None
+        return json.loads(text)
+    except (ValueError, RecursionError):  # also a number of more than 4300 digits, or nesting too deep
+        return _NOT_JSON
 
 
 def parse_trace(text: str) -> Trace:
-    """Our JSON trace or the CLI's JSON lines → (events, meta). Raises TraceError with a short, safe message."""
+    """Our JSON trace or the CLI's JSON lines → Trace. Raises TraceError with a short, safe message that names
+    the place (`events[12] (Verify)`, `line 13 (Verify)`) and the field."""
     if len(text) > MAX_TRACE_BYTES:
         raise TraceError(f"trace: the file is larger than {MAX_TRACE_BYTES // 2**20} MB")
     text = text.strip()
     if not text:
         raise TraceError("trace: the file is empty")
-    try:
-        data = json.loads(text)
-        lines = None
-    except json.JSONDecodeError:
-        data, lines = None, text.splitlines()
+    data = _json(text)
     if isinstance(data, dict) and data.get("format") == TRACE_FORMAT:
         if data.get("version") != TRACE_VERSION:
-            raise TraceError(f"trace: version {str(data.get('version'))[:10]} is not supported (expected {TRACE_VERSION})")
+            raise TraceError(f"trace: version {shown(data.get('version'))} is not supported (expected {TRACE_VERSION})")
         raw, meta, base_raw = data.get("events"), data.get("meta") or {}, data.get("baseline")
         if not isinstance(raw, list) or not isinstance(meta, dict) or not isinstance(base_raw, (list, type(None))):
             raise TraceError("trace: 'events' and 'baseline' must be lists and 'meta' an object")
+        meta = check_meta(meta)
+        places = [f"events[{i}]" for i in range(len(raw))]
+        base_places = [f"baseline[{i}]" for i in range(len(base_raw or []))]
     elif isinstance(data, dict) and "type" in data:  # a one-line JSON-lines file
-        raw, meta, base_raw = [data], {}, None
-    elif lines is not None:
-        raw, meta, base_raw = [], {}, None
-        for i, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                raw.append(json.loads(line))
-            except json.JSONDecodeError:
-                raise TraceError(f"trace: line {i} is not valid JSON") from None
+        raw, places, meta, base_raw, base_places = [data], ["line 1"], {}, None, []
+    elif data is _NOT_JSON:
+        raw, places = _json_lines(text)
+        meta, base_raw, base_places = {}, None, []
     else:
         raise TraceError("trace: not a DFlash trace (expected a dflash-trace JSON file or the CLI's --trace JSON lines)")
+    for what, run in (("run", raw), ("baseline", base_raw or [])):
+        if len(run) > MAX_RUN_EVENTS:
+            raise TraceError(f"trace: the {what} has more than {MAX_RUN_EVENTS} events")
     if len(raw) + len(base_raw or []) > MAX_TRACE_EVENTS:
         raise TraceError(f"trace: more than {MAX_TRACE_EVENTS} events")
-    events = _run(raw, "event")
-    baseline = _run(base_raw, "baseline event") if base_raw else None
-    meta = {str(k)[:40]: v for k, v in meta.items() if isinstance(v, (str, int, float, bool)) or v is None}
+    events = _run(raw, places, "event")
+    baseline = _run(base_raw, base_places, "baseline event") if base_raw else None
     return Trace(events, meta, baseline)
 
 
-def _run(raw: list, what: str) -> list[ev.Event]:
-    events = [_event(d, f"{what} {i}") for i, d in enumerate(raw)]
-    if not events or not isinstance(events[0], ev.Started):
-        raise TraceError(f"trace: the first {what} must be Started")
-    if any(isinstance(e, ev.Started) for e in events[1:]):
-        raise TraceError("trace: holds more than one run")
-    if any(isinstance(e, ev.Finished) for e in events[:-1]):
-        raise TraceError("trace: events after Finished")
+def _json_lines(text: str) -> tuple[list, list[str]]:
+    lines = text.splitlines()
+    if len(lines) > MAX_TRACE_EVENTS:
+        raise TraceError(f"trace: more than {MAX_TRACE_EVENTS} lines")
+    raw, places = [], []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        d = _json(line)
+        if d is _NOT_JSON:
+            raise TraceError(f"trace: line {i} is not valid JSON")
+        raw.append(d)
+        places.append(f"line {i}")
+    return raw, places
+
+
+def _run(raw: list, places: list[str], what: str) -> list[ev.Event]:
+    events = [check_event(d, where) for d, where in zip(raw, places)]
+    check_run(events, places, what)
     return events
 
 
@@ -150,8 +155,12 @@ def frame_label(events: list, frame: int) -> str:
     if not idx:
         return "empty trace"
     frame = max(0, min(int(frame), len(idx) - 1))
-    e = events[idx[frame]]
-    head = f"Frame {frame + 1}/{len(idx)}: "
+    return describe_frame(events[idx[frame]], frame, len(idx))
+
+
+def describe_frame(e: ev.Event, frame: int, n_frames: int) -> str:
+    """The sentence under the replay slider for frame `frame` (0-based) of `n_frames`, which ends at event `e`."""
+    head = f"Frame {frame + 1}/{n_frames}: "
     if isinstance(e, ev.Started):
         return head + "the request starts (prompt only)"
     if isinstance(e, ev.DraftStep):
@@ -167,6 +176,54 @@ def frame_label(events: list, frame: int) -> str:
     if isinstance(e, ev.Finished):
         return head + f"finished ({e.reason})"
     return head + type(e).__name__
+
+
+class Replay:
+    """One session's trace, decoded once, and the view state of its current frame.
+
+    Moving to a neighbouring frame adds (forward) or takes back (backward) only the events between the two, so a
+    step costs its own events and a jump its distance. Handlers of one session can run at once (Play and Next):
+    hold `lock` from `seek` until the frame is drawn.
+    """
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self.ends = frames(trace.events) or [len(trace.events) - 1]  # the event index that ends each frame
+        self.lock = threading.Lock()
+        self.processed = 0  # events added to or taken back from the view state so far
+        self._state, self._next = RunState(undoable=True), 0  # the state holds events[:_next]
+        self._baseline: RunState | None = None
+
+    @property
+    def n_frames(self) -> int:
+        return len(self.ends)
+
+    def clamp(self, frame: int) -> int:
+        return max(0, min(frame, self.n_frames - 1))
+
+    def seek(self, frame: int) -> RunState:
+        end = self.ends[self.clamp(frame)] + 1
+        while self._next > end:
+            self._state.undo()
+            self._next -= 1
+            self.processed += 1
+        for e in self.trace.events[self._next : end]:
+            self._state.add(e)
+            self.processed += 1
+        self._next = max(self._next, end)
+        return self._state
+
+    def baseline_state(self) -> RunState | None:
+        if self.trace.baseline and self._baseline is None:
+            self._baseline = RunState.of(self.trace.baseline)
+        return self._baseline
+
+    def last_event(self, frame: int) -> ev.Event:
+        return self.trace.events[self.ends[self.clamp(frame)]]
+
+    def label(self, frame: int) -> str:
+        frame = self.clamp(frame)
+        return describe_frame(self.last_event(frame), frame, self.n_frames)
 
 
 # -- CSV exports -------------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from dflash.datasets import load_prompts
 from dflash.engine import Engine
 from dflash.errors import ValidationError
 from dflash.request import Request
+from dflash.stats import first_difference
 
 METHODS = ("ar", "dflash", "hf-generate", "hf-prompt-lookup")
 ENGINE_METHODS = ("ar", "dflash")
@@ -136,11 +137,10 @@ def run_record(out: TimedOutput, repeat: int, mem: RssSampler, load1: float | No
     }
 
 
-def compare(reference: list[int], output: list[int]) -> dict:
-    """Greedy identity against the reference (`ar`) output, up to the common length (a run cut short by a
-    deadline is compared on what it produced); EOS is part of both outputs (both stop on the same stop ids)."""
-    n = min(len(reference), len(output))
-    first = next((i for i in range(n) if reference[i] != output[i]), None)
+def compare(reference: list[int], output: list[int], finish_reason: str = "") -> dict:
+    """Greedy identity against the reference (`ar`) output (`stats.first_difference`); a run cut short by the
+    deadline is compared on what it produced. EOS is part of both outputs (both stop on the same stop ids)."""
+    first = first_difference(reference, output, cut_short=finish_reason in ("timeout", "cancelled"))
     return {"identical": first is None, "first_diff": first, "same_length": len(reference) == len(output)}
 
 
@@ -166,7 +166,7 @@ def run_prompt(engine: Engine, item: PromptItem, cfg: BenchConfig, on_run: Calla
                "repeats_agree": all(o == first for o in outputs[m]), "identical": None, "first_diff": None,
                "same_length": None, "runs": runs[m]}
         if cfg.greedy and "ar" in cfg.methods and m != "ar":
-            rec.update(compare(outputs["ar"][0], first))
+            rec.update(compare(outputs["ar"][0], first, rec["finish_reason"]))
         record["methods"][m] = rec
     return record
 

@@ -58,10 +58,7 @@ def add_parser(sub) -> None:
     t.add_argument("--turns", choices=("first", "later", "all"), default="first",
                    help="which replies: each conversation's first, the later ones (earlier turns as history), or all")
     t.set_defaults(func=cmd_data_tf)
-    for extra in ("dflash.training.fit_cli",):
-        try:
-            __import__(extra, fromlist=["add_stages"]).add_stages(stages)
-        except ModuleNotFoundError as exc:
-            if not extra.startswith(exc.name or "-"):
-                raise
+    from dflash.training.fit_cli import add_stages  # fit/eval: their own module (the trainer's options)
+
+    add_stages(stages)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")

@@ -21,9 +21,11 @@ log = logging.getLogger("dflash.train")
 
 
 def chat_ids(tokenizer, prompt: str | list[dict]) -> list[int]:
-    """A user prompt, or a whole chat history (messages), with the chat template and the assistant's header."""
-    msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    return list(tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_dict=True)["input_ids"])
+    """A user prompt, or a whole chat history (messages), with the chat template and the assistant's header: the
+    engine's own prompt rendering, so training sees exactly the prompts generation will."""
+    from dflash.target import chat_prompt_ids
+
+    return chat_prompt_ids(tokenizer, prompt)
 
 
 class Capture:

@@ -1,0 +1,108 @@
+"""The engine's verification calls: Triton kernels on CUDA when importable, the PyTorch reference elsewhere.
+
+`match_verify` and `speculative_verify` return `dflash.verify.Outcome`, whichever backend ran. The reference is
+`dflash.verify` itself (the specification of the kernels), so on CPU the engine's behaviour is bit-identical to
+calling `dflash.verify` directly. The kernels live in the top-level `kernels` package, which imports nothing from
+`dflash`: imports run engine → this module → `dflash.verify` / `kernels`.
+
+Backend choice, per call, from the device of the target logits:
+- `DFLASH_KERNELS=auto` (default): Triton for CUDA tensors when `triton` imports and CUDA is available;
+  the reference otherwise (CPU, or no Triton).
+- `DFLASH_KERNELS=reference`: always the reference (e.g. to compare a run with kernels on and off).
+- `DFLASH_KERNELS=triton`: insist on Triton; on CPU tensors this needs `TRITON_INTERPRET=1` (Triton's
+  interpreter, for tests), and without Triton it raises instead of falling back.
+The kernel modules are imported lazily, so importing this module never imports Triton.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+
+import torch
+
+from dflash import verify
+from dflash.verify import Outcome, check_draft_ids
+
+MODES = ("auto", "triton", "reference")
+
+
+@functools.cache
+def triton_importable() -> bool:
+    try:
+        importlib.import_module("triton")
+        importlib.import_module("triton.language")
+    except Exception:  # noqa: BLE001 — a broken install (missing driver libs, wrong arch) counts as absent
+        return False
+    return True
+
+
+def mode() -> str:
+    value = os.environ.get("DFLASH_KERNELS", "auto").strip().lower() or "auto"
+    if value not in MODES:
+        raise ValueError(f"DFLASH_KERNELS must be one of {', '.join(MODES)}, got {value!r}")
+    return value
+
+
+def backend(device: torch.device | str) -> str:
+    """'triton' or 'reference' for tensors on `device`, following DFLASH_KERNELS (see the module doc)."""
+    device = torch.device(device)
+    chosen = mode()
+    if chosen == "reference":
+        return "reference"
+    if not triton_importable():
+        if chosen == "triton":
+            raise RuntimeError("DFLASH_KERNELS=triton but triton cannot be imported (pip install triton)")
+        return "reference"
+    if device.type == "cuda" and torch.cuda.is_available():
+        return "triton"
+    if chosen == "triton":
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return "triton"
+        raise RuntimeError(f"DFLASH_KERNELS=triton on {device.type} tensors needs TRITON_INTERPRET=1")
+    return "reference"
+
+
+def match_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, gumbel: torch.Tensor | None = None, acceptance_threshold: float = 1.0) -> Outcome:
+    """The *match* rule (greedy / Gumbel-max / relaxed), as `dflash.verify.match_verify`.
+
+    draft_tokens [n] long; target_logits [n+1, V]; gumbel [n+1, V] or None.
+    """
+    if backend(target_logits.device) == "reference":
+        return verify.match_verify(draft_tokens, target_logits, temperature, top_k, top_p, gumbel, acceptance_threshold)
+    from kernels.greedy_verify_triton import match_verify_batched
+
+    d = draft_tokens.to(target_logits.device)
+    check_draft_ids(d, target_logits.shape[-1])
+    n = d.shape[0]
+    acc, nxt, targets, relaxed = match_verify_batched(
+        d[None], target_logits[None], temperature, top_k, top_p, None if gumbel is None else gumbel[None],
+        acceptance_threshold)
+    flat = torch.cat([acc, nxt, targets[0], relaxed[0].long()]).tolist()  # one copy to the host
+    a = flat[0]
+    return Outcome(a, flat[1], flat[2: n + 3], [bool(v) for v in flat[n + 3: n + 3 + a]])
+
+
+def speculative_verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_logits: torch.Tensor,
+                       temperature: float, top_k: int, top_p: float, uniforms: list[float] | torch.Tensor,
+                       gumbel: torch.Tensor) -> Outcome:
+    """Lossless speculative sampling from the target's logits (temperature, top-k, top-p applied here).
+
+    draft_tokens [n] drawn from draft_probs q [n, V]; target_logits [n+1, V]; uniforms n floats in [0, 1);
+    gumbel [n+1, V]. As `dflash.verify.speculative_verify`.
+    """
+    if backend(target_logits.device) == "reference" or draft_tokens.shape[0] == 0:
+        return verify.speculative_verify(draft_tokens, draft_probs, target_logits, temperature, top_k, top_p,
+                                         uniforms, gumbel)
+    from kernels.spec_sample_triton import speculative_verify_batched
+
+    dev = target_logits.device
+    d = draft_tokens.to(dev)
+    check_draft_ids(d, target_logits.shape[-1])
+    u = torch.as_tensor(uniforms, dtype=torch.float64).to(dev)
+    acc, nxt, targets = speculative_verify_batched(d[None], draft_probs[None], target_logits[None], temperature, top_k,
+                                                   top_p, u[None], gumbel[None])
+    flat = torch.cat([acc, nxt, targets[0]]).tolist()
+    return Outcome(flat[0], flat[1], flat[2:], [False] * flat[0])

@@ -1,0 +1,107 @@
+"""A shared trace file cannot script someone else's page: in Debian's Chromium (Playwright), upload a trace with
+markup in every text field and one with markup where a number belongs, step and play through the first, and check
+that no injected element exists and no script ran. Skipped cleanly when Chromium or Playwright is missing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.browser import test_playground_browser as harness
+from tests.test_ui_replay import with_markup_in_every_string
+from ui.replay import TRACES_DIR
+
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(not Path(harness.CHROMIUM).exists(), reason="Debian's chromium is not installed")]
+browser = harness.browser  # the same fixture: one Chromium for this module
+expect, open_page = harness.expect, harness.open_page
+
+# Each payload, if it ever became an element or an attribute, would count itself in window.__pwned.
+IMG = '<img src=x onerror="window.__pwned=(window.__pwned||0)+1">'
+SVG = '<svg onload="window.__pwned=(window.__pwned||0)+1"></svg>'
+# Gradio draws its own SVG icons (e.g. the error state's Clear button) in a component; an SVG inside our rendered
+# token stream can only come from the trace.
+INJECTED = ("document.querySelector('.gradio-container')"
+            ".querySelectorAll('img[src=\"x\"], [onerror], [onload], [onmouseover], #token-stream .dfl-stream svg').length")
+
+
+@pytest.fixture(scope="module")
+def app():
+    from tests.ui_support import tiny_text_engine
+    from ui import build_demo, launch_kwargs
+    from ui.handlers import Settings
+
+    torch.set_num_threads(1)
+    demo = build_demo({"default": tiny_text_engine(block_size=8)}, settings=Settings(play_delay_s=0.02))
+    _, url, _ = demo.launch(**launch_kwargs(server_port=None, prevent_thread_lock=True, quiet=True))
+    yield url
+    demo.close()
+
+
+def hostile_page(browser, url: str):
+    """A fresh page on the Replay tab that records every dialog (alert, confirm …) a script might open."""
+    page = open_page(browser, url)
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.get_by_role("tab", name="Replay and step mode").click()
+    return page, dialogs
+
+
+def assert_clean(page, dialogs: list[str]) -> None:
+    assert page.evaluate("window.__pwned") is None
+    assert page.evaluate(INJECTED) == 0
+    assert dialogs == []
+
+
+def upload(page, path: Path) -> None:
+    page.locator("#trace-upload input[type=file]").set_input_files(str(path))
+
+
+def test_markup_in_every_text_field_stays_text_through_load_step_and_play(app, browser, tmp_path):
+    doc = json.loads((TRACES_DIR / "code.json").read_text(encoding="utf-8"))
+    path = tmp_path / "hostile-strings.json"
+    marked = with_markup_in_every_string(doc, IMG)
+    for e in marked["events"]:  # a second payload in the reasons shown by the inspector and the charts
+        if e["type"] == "BlockSize":
+            e["reason"] = SVG
+    path.write_text(json.dumps(marked), encoding="utf-8")
+    page, dialogs = hostile_page(browser, app)
+    upload(page, path)
+    expect(page.locator("#status")).to_contain_text("Loaded upload trace")
+    expect(page.locator("#status")).to_contain_text("<img src=x")  # shown as text
+    expect(page.locator("#token-stream")).to_contain_text("<img src=x onerror=")
+    expect(page.locator("#block-inspector")).to_contain_text("<svg onload=")
+    assert_clean(page, dialogs)
+    page.click("#step-prev")
+    expect(page.locator("#replay-label")).not_to_contain_text("finished")
+    page.click("#step-next")
+    expect(page.locator("#replay-label")).to_contain_text("finished")
+    page.click("#play")  # from the last frame Play starts again at the first
+    expect(page.locator("#replay-label")).not_to_contain_text("finished")
+    expect(page.locator("#replay-label")).to_contain_text("finished", timeout=120_000)
+    for tok in page.locator("#token-stream .dfl-stream .tok").all()[:20]:
+        tok.dispatch_event("click")  # the stream's click handler copies the token's title into the details line
+    expect(page.locator("#token-stream .tok-details")).to_contain_text("onerror")  # the markup shown as text
+    page.locator("#block-length-plot .js-plotly-plot").hover()
+    assert_clean(page, dialogs)
+    harness.ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(harness.ARTIFACTS / "playground-hostile-trace.png"), full_page=True)
+    page.close()
+
+
+def test_markup_where_a_number_belongs_is_a_named_error(app, browser, tmp_path):
+    doc = json.loads((TRACES_DIR / "code.json").read_text(encoding="utf-8"))
+    i = next(i for i, d in enumerate(doc["events"]) if d["type"] == "BlockSize")
+    doc["events"][i]["size"] = IMG
+    doc["events"][i + 1]["n_steps"] = SVG
+    path = tmp_path / "hostile-numbers.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    page, dialogs = hostile_page(browser, app)
+    upload(page, path)
+    expect(page.get_by_text(f"trace: events[{i}] (BlockSize): 'size' must be an integer in [1, 64]").first).to_be_visible()
+    expect(page.locator("#status")).not_to_contain_text("Loaded upload trace")
+    assert_clean(page, dialogs)
+    page.close()
