@@ -280,7 +280,8 @@ greedy continuation from the anchor — what the drafted block must match at inf
 ## τ against supervised positions
 
 Real-loop τ of the snapshots kept at steps 250·2^k of each run (and its last step), on a fixed held-out set;
-a warm-started run's positions include those of the run it started from.
+a warm-started run's positions include those of the run it started from. The held-out τ_tf column is measured on
+each run's own held-out shards (the last shard of each data directory), so it compares points within a run only.
 
 ![τ curve](tau_curve.png)
 
