@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dflash import events as ev
+from dflash.stats import first_difference
 from ui.render import attr, finished, run_stats
 from ui.run_state import RunState, as_state
 
@@ -12,9 +13,7 @@ def comparison(run_events: list, base_events: list) -> dict:
     run_ids, base_ids = _output_ids(run_events), _output_ids(base_events)
     rs, bs = run_stats(run_events), run_stats(base_events)
     n = min(len(run_ids), len(base_ids))
-    first_diff = next((i for i in range(n) if run_ids[i] != base_ids[i]), None)
-    if first_diff is None and len(run_ids) != len(base_ids):
-        first_diff = n
+    first_diff = first_difference(base_ids, run_ids)  # a stopped baseline is never compared (handlers.compare)
     speed = rs["tokens_per_s"] / bs["tokens_per_s"] if bs["tokens_per_s"] > 0 else 0.0
     return {"baseline_tokens_per_s": bs["tokens_per_s"], "run_tokens_per_s": rs["tokens_per_s"], "speedup": speed,
             "identical": first_diff is None, "first_diff": first_diff, "n_compared": n,
