@@ -69,7 +69,8 @@ class DFlashModel:
                                          draft_dir, dtype=config.dtype, device=config.device)
         else:  # an already loaded transformers model
             from dflash.draft import load_draft
-            from dflash.target import Target, pick_device, pick_dtype
+            from dflash.load import pick_device, pick_dtype
+            from dflash.target import Target
 
             dev = pick_device(config.device)
             tgt = Target(target, tokenizer, name=getattr(target.config, "_name_or_path", ""), device=dev,

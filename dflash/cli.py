@@ -1,4 +1,4 @@
-"""`python -m dflash generate|bench|train`. Bad arguments exit non-zero with one line, never a traceback."""
+"""`python -m dflash generate|bench|train|draft`. Bad arguments exit non-zero with one line, never a traceback."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import threading
 from dflash.errors import DFlashError, ValidationError
 
 # Subcommands living in their own packages: module path → function adding the parser.
-SUBCOMMANDS = {"bench": "dflash.bench.cli", "train": "dflash.training.cli"}
+SUBCOMMANDS = {"bench": "dflash.bench.cli", "train": "dflash.training.cli", "draft": "dflash.export"}
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:

@@ -4,18 +4,21 @@ S = 1 is the paper's single pass: every masked position gets the draft's choice 
 predicts all still-masked positions and commits those whose confidence reaches the threshold (always at least
 the most confident one; all remaining ones at the last step) — LLaDA low-confidence remasking with Fast-dLLM's
 threshold. The context K/V are computed once per block and reused across steps.
+
+`DraftProposer` is what the engine needs from a drafter; `Drafter` is the one built from a DFlash draft model.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from dflash.draft import DFlashDraftModel, DraftCache
+from dflash.packed import PackedLinear
 from dflash.sampling import GUMBEL_DRAFT, gumbel_noise, target_probs
-from dflash.target import PackedLinear
 
 
 @dataclass
@@ -25,6 +28,26 @@ class Proposal:
     q: torch.Tensor | None  # [b - 1, V] the draft's sampling law (rejection rule only)
     steps: list[dict]  # one dict per denoising step (fields of events.DraftStep)
     ms: float
+
+
+@runtime_checkable
+class DraftProposer(Protocol):
+    """What the engine asks of a drafter, per request: a fresh context cache, the target's features of committed
+    positions (each position once, in order, only positions before the next block's anchor), and block proposals.
+    The cache is opaque to the engine, which never crops it: rejected positions never reach it."""
+
+    def new_cache(self) -> Any:
+        """An empty context cache for one request."""
+        ...
+
+    def extend_context(self, cache: Any, features: torch.Tensor, start_pos: int) -> None:
+        """Add target features [1, T, k*H] of absolute positions start_pos .. start_pos+T-1 to `cache`."""
+        ...
+
+    def propose(self, cache: Any, anchor: int, start: int, size: int, n_steps: int, threshold: float,
+                sample: dict | None) -> Proposal:
+        """Proposals for block positions 1 .. size-1 after `anchor` at absolute position `start` (see `Drafter`)."""
+        ...
 
 
 class Drafter:
@@ -40,6 +63,9 @@ class Drafter:
         # hidden [n, H] → logits [n, Vd]; the target's PackedLinear is shared when the vocabularies are the same
         # (no second packed copy of the head). Rows > 1 are ~2x faster than `hidden @ head.T` on CPU float32.
         self.head_fn = head if (head is not None and vocab_ids is None) else PackedLinear(self.head)
+
+    def new_cache(self) -> DraftCache:
+        return DraftCache()
 
     def extend_context(self, cache: DraftCache, features: torch.Tensor, start_pos: int) -> None:
         """Append injected K/V for target features [1, T, k*H] at positions start_pos .. start_pos+T-1."""

@@ -1,9 +1,9 @@
 """THE generation loop. `Engine.stream(request)` yields typed events; everything else drains it.
 
-One step: draft a block [last committed, MASK × (b-1)] → verify it with one target forward (KV cache, hooks
-capture the draft's feature layers) → accept the longest allowed prefix + the target's own token → crop both
-caches to the committed length → let the controller pick the next block size. Without a draft the same loop
-verifies blocks of size 1: the autoregressive baseline.
+One step (`Engine._step`): draft a block [last committed, MASK × (b-1)] → verify it with one target forward (KV
+cache, hooks capture the draft's feature layers) → accept the longest allowed prefix + the target's own token →
+crop the target cache to the committed length → let the controller pick the next block size. Without a draft the
+same loop verifies blocks of size 1: the autoregressive baseline. Per-request state lives in `dflash.step.Run`.
 """
 
 from __future__ import annotations
@@ -12,27 +12,32 @@ import functools
 import logging
 import threading
 import time
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TypeVar
 
 import torch
 
 from dflash import events as ev
-from dflash.adaptive import Outcome as StepOutcome, make_controller
-from dflash.draft import DFlashDraftModel, DraftCache, DraftConfig
-from dflash.drafter import Drafter
+from dflash.adaptive import Outcome as StepOutcome
+from dflash.adaptive import make_controller
+from dflash.draft import DFlashDraftModel, DraftConfig
+from dflash.drafter import Drafter, DraftProposer, Proposal
 from dflash.errors import BusyError, ModelLoadError, ValidationError
 from dflash.request import MAX_PROMPT_TOKENS, Request
-from dflash.sampling import GUMBEL_TARGET, UNIFORM_ACCEPT, gumbel_noise, uniform_noise
 from dflash.stats import compute_stats
+from dflash.step import Run, StepResult, TextStream, verify_rule  # callers also import TextStream from here
 from dflash.target import Target, chat_prompt_ids
-from dflash.verify_dispatch import match_verify, speculative_verify  # Triton on CUDA, dflash.verify elsewhere
 
 log = logging.getLogger("dflash")
 
 # The prompt goes through the target in chunks of this many tokens, with Stop and the deadline checked between
 # chunks: an 8,192-token prompt is seconds of work on a CPU. Chunking leaves the result the same (KV cache).
 PREFILL_CHUNK = 512
+
+T = TypeVar("T")
+Finish = tuple[str, str]  # (finish reason, message)
+Stopped = Callable[[], "Finish | None"]  # Engine._stop_reason bound to one request
 
 
 @dataclass
@@ -59,48 +64,51 @@ def check_draft_fits(cfg: DraftConfig, target: Target, vocab: torch.Tensor | Non
         raise ModelLoadError(f"draft: its draft vocabulary has ids outside the target's vocabulary ({target.vocab_size})")
 
 
-class TextStream:
-    """Incremental detokenization: each `push` decodes only a window of recent tokens and returns the text that
-    is now stable, instead of re-decoding the whole output at every commit.
-
-    The window starts one emitted chunk back, so a tokenizer that treats the first token of a decode specially
-    (e.g. drops its leading space) does so in both decodes that are compared. Text ending in "\ufffd" (a UTF-8
-    character split across tokens) is held back until it completes; `final=True` flushes whatever is held.
-    """
-
-    def __init__(self, decode):
-        self.decode = decode  # list of ids -> text
-        self.ids: list[int] = []
-        self.start = 0  # the window's first token
-        self.emitted = 0  # tokens whose text has been returned
-
-    def push(self, ids: list[int], final: bool = False) -> str:
-        self.ids.extend(ids)
-        before = self.decode(self.ids[self.start : self.emitted])
-        after = self.decode(self.ids[self.start :])
-        if not final and (len(after) <= len(before) or after.endswith("\ufffd")):
-            return ""
-        self.start, self.emitted = self.emitted, len(self.ids)
-        return after[len(before) :]
+def _recorded(events: list[ev.Event], gen: Generator[ev.Event, None, T]) -> Generator[ev.Event, None, T]:
+    """Yield `gen`'s events, appending each to `events` (the stats are computed from them); return its value."""
+    while True:
+        try:
+            event = next(gen)
+        except StopIteration as done:
+            return done.value
+        events.append(event)
+        yield event
 
 
 class Engine:
+    """Runs requests on a target, with a draft model's block proposals or (no draft) one token per step.
+
+    `drafter`: proposes the blocks in place of the `Drafter` built from `draft` (see `use_drafter`); the draft's
+    config still says which target layers are captured and the trained block size, so it needs `draft`.
+    """
+
     def __init__(self, target: Target, draft: DFlashDraftModel | None = None, draft_vocab: torch.Tensor | None = None,
-                 name: str = ""):
+                 name: str = "", drafter: DraftProposer | None = None):
         self.target = target
         self.name = name
         if draft is not None:
             check_draft_fits(draft.config, target, draft_vocab)
         self.draft = draft.to(device=target.device, dtype=target.dtype).eval() if draft is not None else None
-        self.drafter = None
+        self._draft_vocab = draft_vocab
+        self.drafter: DraftProposer | None = None  # read by the UI: None means no draft to run
         if self.draft is not None:
             target.set_capture(self.draft.config.target_layer_ids)
-            self.drafter = Drafter(self.draft, target.embed, target.lm_head_weight, draft_vocab, target.vocab_size,
-                                   head=target.head)
+            self.use_drafter(drafter)
+        elif drafter is not None:
+            raise ValueError("drafter: needs the draft model it drafts for (draft=...)")
         self._lock = threading.Lock()
         self.clock = time.monotonic  # injectable for deadline tests
         self.prefill_chunk = PREFILL_CHUNK  # injectable: tests use small chunks on tiny models
         self._texts: dict[int, str] = {}
+
+    def use_drafter(self, drafter: DraftProposer | None = None) -> None:
+        """Propose the blocks of the next requests with `drafter`; None: with a `Drafter` over the draft model."""
+        if self.draft is None:
+            raise ValueError("drafter: this engine has no draft model, so it runs without a drafter")
+        if drafter is None:
+            tg = self.target
+            drafter = Drafter(self.draft, tg.embed, tg.lm_head_weight, self._draft_vocab, tg.vocab_size, head=tg.head)
+        self.drafter = drafter
 
     # -- helpers ----------------------------------------------------------------------------------------
     @property
@@ -112,6 +120,9 @@ class Engine:
             tok = self.target.tokenizer
             self._texts[tid] = tok.decode([tid]) if tok is not None else f"<{tid}>"
         return self._texts[tid]
+
+    def token_texts(self, ids: list[int]) -> list[str]:
+        return [self.token_text(t) for t in ids]
 
     def decode(self, ids: list[int]) -> str:
         tok = self.target.tokenizer
@@ -179,23 +190,18 @@ class Engine:
             raise BusyError("the engine is busy with another request")
         events: list[ev.Event] = []
         out: list[int] = []
-        reason, message = "length", ""
         t_start = self.clock()
         deadline = t_start + req.deadline_s if req.deadline_s else None
-
-        def emit(event: ev.Event) -> ev.Event:
-            events.append(event)
-            return event
-
+        stopped = functools.partial(self._stop_reason, req, cancel, deadline)
         try:
-            yield emit(ev.Started(req.to_dict(), prompt_ids, self.decode(prompt_ids), self.drafter is not None and req.use_draft,
-                                  self.draft.config.mask_token_id if self.draft is not None else None,
-                                  self.trained_block_size, req.lossy, self.name))
-            for event in self._loop(req, prompt_ids, sizes, out, cancel, deadline, t_start):
-                if isinstance(event, tuple):  # (finish reason, message)
-                    reason, message = event
-                    break
-                yield emit(event)
+            started = ev.Started(request=req.to_dict(), prompt_ids=prompt_ids, prompt_text=self.decode(prompt_ids),
+                                 has_draft=self.drafter is not None and req.use_draft,
+                                 mask_token_id=self.draft.config.mask_token_id if self.draft is not None else None,
+                                 trained_block_size=self.trained_block_size, lossy=req.lossy, model=self.name)
+            events.append(started)
+            yield started
+            run = self._new_run(req, prompt_ids, out, t_start)
+            reason, message = yield from _recorded(events, self._loop(run, prompt_ids, sizes, stopped))
         except (torch.OutOfMemoryError, MemoryError):
             reason, message = "error", "out of memory: try a shorter prompt, fewer new tokens or a smaller block"
         except Exception as exc:  # noqa: BLE001 — a failed request must leave the engine serving
@@ -203,9 +209,18 @@ class Engine:
             reason, message = "error", f"generation failed ({type(exc).__name__})"
         finally:
             self._lock.release()
-        yield emit(ev.Finished(reason, list(out), self.decode(out), compute_stats(events), message))
+        yield ev.Finished(reason=reason, output_ids=list(out), text=self.decode(out), stats=compute_stats(events),
+                          message=message)
 
-    def _stop_reason(self, req: Request, cancel: threading.Event, deadline: float | None) -> tuple[str, str] | None:
+    def _new_run(self, req: Request, prompt_ids: list[int], out: list[int], t_start: float) -> Run:
+        """A request's state before its prefill: empty caches, the verification rule chosen once for the request."""
+        tg, drafter = self.target, (self.drafter if req.use_draft else None)
+        eos = tg.stop_ids()
+        return Run(req=req, rule=verify_rule(req, tg.device), drafter=drafter, cache=tg.new_cache(),
+                   dcache=drafter.new_cache() if drafter is not None else None, text=TextStream(self.decode),
+                   t_start=t_start, out=out, seq=list(prompt_ids), eos=eos, stops=set(req.stop_ids) | eos)
+
+    def _stop_reason(self, req: Request, cancel: threading.Event, deadline: float | None) -> Finish | None:
         """(finish reason, message) once Stop was pressed or the deadline passed, else None."""
         if cancel.is_set():
             return "cancelled", "stopped by the user"
@@ -213,7 +228,41 @@ class Engine:
             return "timeout", f"deadline of {req.deadline_s:g} s reached"
         return None
 
-    def _prefill(self, prompt_ids: list[int], cache, capture: bool, stopped):
+    def _loop(self, run: Run, prompt_ids: list[int], sizes: tuple[int, int, int],
+              stopped: Stopped) -> Generator[ev.Event, None, Finish]:
+        """The prefill, then one `_step` per block until the output ends or `stopped()` says why to stop.
+        Yields the events; returns (finish reason, message)."""
+        controller = make_controller(run.req.adaptive, *sizes)
+        finish = yield from self._start(run, prompt_ids, stopped)
+        if finish:
+            return finish
+        size, reason = controller.first()
+        block = 0
+        while True:
+            finish = stopped()
+            if finish:
+                return finish
+            block += 1
+            step = yield from self._step(run, block, size, reason)
+            if step.finish:
+                return step.finish, ""
+            size, reason = controller.update(step.outcome)
+
+    def _start(self, run: Run, prompt_ids: list[int], stopped: Stopped) -> Generator[ev.Event, None, Finish | None]:
+        """Prefill the prompt and commit the target's first token. Yields Prefill and Commit; returns (finish
+        reason, message) when stopped during the prefill or when the output already ended, else None."""
+        t0 = time.perf_counter()
+        logits, feats, why = self._prefill(prompt_ids, run.cache, run.drafter is not None, stopped)
+        if why:
+            return why
+        first = run.rule.pick(logits[-1:], [len(prompt_ids)])[0]
+        yield ev.Prefill(n_prompt_tokens=len(prompt_ids), ms=(time.perf_counter() - t0) * 1000)
+        commit, why = self._commit(run, 0, [first], [ev.BONUS], [-1.0], [first])
+        yield commit
+        run.pending, run.pending_pos = feats, 0  # the prompt's features become the draft's first context
+        return (why, "") if why else None
+
+    def _prefill(self, prompt_ids: list[int], cache, capture: bool, stopped: Stopped):
         """The prompt through the target in chunks of `prefill_chunk` tokens, `stopped()` checked between chunks.
 
         Returns (logits of the last position [1, V], features [1, T, k*H] or None, None), or (None, None, the
@@ -230,115 +279,56 @@ class Engine:
                 feats.append(f)
         return logits, (torch.cat(feats, 1) if feats else None), None
 
-    def _loop(self, req: Request, prompt_ids: list[int], sizes: tuple[int, int, int], out: list[int],
-              cancel: threading.Event, deadline: float | None, t_start: float):
-        tg, drafter = self.target, (self.drafter if req.use_draft else None)
-        dev = tg.device
-        eos = tg.stop_ids()
-        stops = set(req.stop_ids) | eos
-        sampling = req.temperature > 0.0
-        cache, dcache = tg.new_cache(), DraftCache()
-        size, lo, hi = sizes
-        controller = make_controller(req.adaptive, size, lo, hi)
-        text = TextStream(self.decode)
-
-        def pick(logits: torch.Tensor, positions: list[int]) -> list[int]:
-            """The target's own token at each absolute position (argmax, or seeded Gumbel-max sample)."""
-            g = gumbel_noise(req.seed, positions, logits.shape[-1], GUMBEL_TARGET, dev) if sampling else None
-            none = torch.empty(0, dtype=torch.long, device=logits.device)  # nothing drafted: the target's own choices
-            return match_verify(none, logits, req.temperature, req.top_k, req.top_p, g).target_tokens
-
-        def commit(block: int, new: list[int], kinds: list[str], confs: list[float], targets: list[int]):
-            """Append tokens, stopping at EOS/stop ids and max_new_tokens. Returns (Commit event, finish reason)."""
-            keep, why = [], None
-            for tid in new:
-                keep.append(tid)
-                if tid in stops:
-                    why = "eos" if tid in eos else "stop"
-                    break
-                if len(out) + len(keep) >= req.max_new_tokens:
-                    why = "length"
-                    break
-            out.extend(keep)
-            # The last commit flushes a held-back partial character, so the deltas add up to Finished.text (a run
-            # stopped by cancel, deadline or error can end without its last incomplete character in the deltas).
-            delta = text.push(keep, final=why is not None)
-            n = len(keep)
-            return ev.Commit(block, keep, kinds[:n], [self.token_text(t) for t in keep], delta, len(out), confs[:n],
-                             targets[:n], (self.clock() - t_start) * 1000), why
-
-        stopped = functools.partial(self._stop_reason, req, cancel, deadline)
-        # Prefill: the whole prompt, in chunks with Stop checked between them; its features become the draft's context.
+    def _step(self, run: Run, block: int, size: int, reason: str) -> Generator[ev.Event, None, StepResult]:
+        """One block: draft, verify with one target forward over [anchor, drafts], accept, crop the target cache.
+        Yields BlockSize, DraftStep × S, Verify, Commit; returns the StepResult."""
+        req = run.req
+        start = len(run.seq) - 1  # absolute position of the anchor (last committed token, not yet in the cache)
+        b = min(size, req.max_new_tokens - len(run.out) + 1) if run.drafter else 1
+        yield ev.BlockSize(block=block, size=b, reason=reason if b == size else f"{reason}; clipped to {b} (tokens left)")
+        proposal = yield from self._draft(run, block, start, b)
+        drafted = proposal.tokens if proposal else []
         t0 = time.perf_counter()
-        logits, feats, why = self._prefill(prompt_ids, cache, drafter is not None, stopped)
-        if why:
-            yield why
-            return
-        first = pick(logits[-1:], [len(prompt_ids)])[0]
-        yield ev.Prefill(len(prompt_ids), (time.perf_counter() - t0) * 1000)
-        event, why = commit(0, [first], [ev.BONUS], [-1.0], [first])
-        yield event
-        if why:
-            yield (why, "")
-            return
-        pending, pending_pos = feats, 0  # target features not yet in the draft's context cache
-        seq = prompt_ids + [first]
-        block = 0
-        size, reason = controller.first()
-        while True:
-            why = stopped()
-            if why:
-                yield why
-                return
-            block += 1
-            start = len(seq) - 1  # absolute position of the anchor (last committed token, not yet in the cache)
-            b = min(size, req.max_new_tokens - len(out) + 1) if drafter else 1
-            yield ev.BlockSize(block, b, reason if b == size else f"{reason}; clipped to {b} (tokens left)")
-            # Draft.
-            proposal = None
-            if drafter is not None and b > 1:
-                if pending is not None:
-                    drafter.extend_context(dcache, pending, pending_pos)
-                    pending = None
-                sample = ({"temperature": req.temperature, "top_k": req.top_k, "top_p": req.top_p, "seed": req.seed}
-                          if sampling and req.verify == "rejection" else None)
-                proposal = drafter.propose(dcache, seq[-1], start, b, req.diffusion_steps, req.confidence_threshold, sample)
-                for s in proposal.steps:
-                    yield ev.DraftStep(block=block, token_texts=[self.token_text(t) for t in s["tokens"]], **s)
-            drafted = proposal.tokens if proposal else []
-            # Verify: one target forward over [anchor, drafts].
-            t0 = time.perf_counter()
-            block_ids = torch.tensor([[seq[-1]] + drafted], device=dev)
-            logits, feats = tg.forward(block_ids, cache, capture=drafter is not None)  # [b, V], [1, b, k*H]
-            positions = list(range(start + 1, start + b + 1))
-            d = torch.tensor(drafted, dtype=torch.long, device=logits.device)
-            if sampling and req.verify == "rejection" and proposal is not None:
-                res = speculative_verify(d, proposal.q, logits, req.temperature, req.top_k, req.top_p,
-                                         uniform_noise(req.seed, positions[:-1], UNIFORM_ACCEPT),
-                                         gumbel_noise(req.seed, positions, logits.shape[-1], GUMBEL_TARGET, dev))
-            else:
-                g = gumbel_noise(req.seed, positions, logits.shape[-1], GUMBEL_TARGET, dev) if sampling else None
-                res = match_verify(d, logits, req.temperature, req.top_k, req.top_p, g, req.acceptance_threshold)
-            verify_ms = (time.perf_counter() - t0) * 1000
-            a = res.accepted_len
-            # Keep the target cache and the pending features for the anchor + accepted drafts only.
-            Target.crop(cache, start + a + 1)
-            if feats is not None:
-                if pending is None:
-                    pending, pending_pos = feats[:, : a + 1], start
-                else:  # a block of size 1 drafted nothing, so the earlier features are still pending: keep them
-                    pending = torch.cat([pending, feats[:, : a + 1]], 1)
-            draft_ms = proposal.ms if proposal else 0.0
-            yield ev.Verify(block, start, b, drafted, [self.token_text(t) for t in drafted], res.target_tokens,
-                            [self.token_text(t) for t in res.target_tokens], [i < a for i in range(len(drafted))], a,
-                            res.next_token, draft_ms, verify_ms, res.relaxed)
-            new = drafted[:a] + [res.next_token]
-            kinds = [ev.DRAFT] * a + [ev.CORRECTION if a < len(drafted) else ev.BONUS]
-            confs = (proposal.confidences[:a] if proposal else []) + [-1.0]
-            event, why = commit(block, new, kinds, confs, res.target_tokens[: a + 1])
-            seq.extend(event.token_ids)
-            yield event
-            if why:
-                yield (why, "")
-                return
-            size, reason = controller.update(StepOutcome(b, a, draft_ms, verify_ms))
+        block_ids = torch.tensor([[run.seq[-1]] + drafted], device=self.target.device)
+        logits, feats = self.target.forward(block_ids, run.cache, capture=run.drafter is not None)  # [b, V], [1, b, k*H]
+        res = run.rule.verify(drafted, proposal, logits, list(range(start + 1, start + b + 1)))
+        verify_ms = (time.perf_counter() - t0) * 1000
+        a = res.accepted_len
+        # Keep the target cache and the pending features for the anchor + accepted drafts only.
+        Target.crop(run.cache, start + a + 1)
+        run.keep_features(feats, a, start)
+        draft_ms = proposal.ms if proposal else 0.0
+        yield ev.Verify(block=block, start=start, block_size=b, draft_tokens=drafted,
+                        draft_texts=self.token_texts(drafted), target_tokens=res.target_tokens,
+                        target_texts=self.token_texts(res.target_tokens),
+                        accepted=[i < a for i in range(len(drafted))], accepted_len=a, next_token=res.next_token,
+                        draft_ms=draft_ms, verify_ms=verify_ms, relaxed=res.relaxed)
+        kinds = [ev.DRAFT] * a + [ev.CORRECTION if a < len(drafted) else ev.BONUS]
+        confs = (proposal.confidences[:a] if proposal else []) + [-1.0]
+        commit, why = self._commit(run, block, drafted[:a] + [res.next_token], kinds, confs, res.target_tokens[: a + 1])
+        yield commit
+        return StepResult(committed=commit.token_ids, outcome=StepOutcome(b, a, draft_ms, verify_ms), finish=why)
+
+    def _draft(self, run: Run, block: int, start: int, b: int) -> Generator[ev.Event, None, Proposal | None]:
+        """The drafter's proposal for block positions 1 .. b-1 (None for a block of size 1); yields its DraftSteps."""
+        if run.drafter is None or b < 2:
+            return None
+        run.flush_context()
+        req = run.req
+        proposal = run.drafter.propose(run.dcache, run.seq[-1], start, b, req.diffusion_steps,
+                                       req.confidence_threshold, run.rule.draft_sampling)
+        for s in proposal.steps:
+            yield ev.DraftStep(block=block, token_texts=self.token_texts(s["tokens"]), **s)
+        return proposal
+
+    def _commit(self, run: Run, block: int, new: list[int], kinds: list[str], confs: list[float],
+                targets: list[int]) -> tuple[ev.Commit, str | None]:
+        """Append tokens, stopping at EOS/stop ids and max_new_tokens. Returns (Commit event, finish reason)."""
+        keep, why = run.take(new)
+        # The last commit flushes a held-back partial character, so the deltas add up to Finished.text (a run
+        # stopped by cancel, deadline or error can end without its last incomplete character in the deltas).
+        delta = run.text.push(keep, final=why is not None)
+        n = len(keep)
+        return ev.Commit(block=block, token_ids=keep, kinds=kinds[:n], texts=self.token_texts(keep), text_delta=delta,
+                         n_out=len(run.out), confidences=confs[:n], target_tokens=targets[:n],
+                         t_ms=(self.clock() - run.t_start) * 1000), why

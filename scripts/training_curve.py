@@ -6,7 +6,7 @@
 Each snapshot (`RUN/snapshots/step_N`, written by `train fit` at steps base·2^k) is evaluated greedily on a fixed
 held-out prompt set with the engine (no baseline run: τ only). Resumable: steps already in --out are skipped.
 The x axis comes from the run's own log: the sum of the `positions` field up to the snapshot's step, plus, for a
-run warm-started from another (`--after PARENT_RUN`), every position the parent run supervised.
+run warm-started from others (`--after RUN,RUN`), every position its parent runs supervised.
 `--plot-only` redraws the PNG from --out (one line per `--label`, several files may be given).
 """
 
@@ -45,7 +45,8 @@ def evaluate_snapshots(args) -> None:
         return
     base, _ = load_engine("default", no_draft=True, threads=args.threads)
     prompts = load_prompts(args.prompts, args.limit)
-    offset = max(positions_by_step(Path(args.after) / "train_log.jsonl").values()) if args.after else 0
+    parents = [Path(r) for r in args.after.split(",")] if args.after else []
+    offset = sum(max(positions_by_step(r / "train_log.jsonl").values()) for r in parents)
     positions = positions_by_step(Path(args.run) / "train_log.jsonl", offset)
     out.parent.mkdir(parents=True, exist_ok=True)
     for snap in todo:
@@ -86,7 +87,8 @@ def main() -> None:
     ap.add_argument("--run", help="training output directory (with snapshots/ and train_log.jsonl)")
     ap.add_argument("--out", required=True, nargs="+", help="curve JSONL (several with --plot-only)")
     ap.add_argument("--label", default="main")
-    ap.add_argument("--after", help="the run this one warm-started from (its positions are added to the x axis)")
+    ap.add_argument("--after", help="the runs this one warm-started from, comma-separated, oldest first "
+                    "(their positions are added to the x axis)")
     ap.add_argument("--prompts", default="sharegpt-heldout")
     ap.add_argument("--limit", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=64)

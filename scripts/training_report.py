@@ -106,6 +106,26 @@ def ablation_rows(runs: list[dict], at: int) -> list[str]:
     return rows
 
 
+def ablation_sections(shipped: dict) -> str:
+    """Each ablation group of shipped.json: its description, then its table at the group's step."""
+    groups = shipped.get("ablations", [])
+    if groups and "run" in groups[0]:  # the older layout: one group of runs
+        groups = [{"step": shipped.get("ablation_step", 1000), "text": "", "runs": groups}]
+    return "\n\n".join((g["text"] + "\n\n" if g["text"] else "") + "\n".join(ablation_rows(g["runs"], g["step"]))
+                       for g in groups)
+
+
+def budget_text() -> str:
+    """The campaign's spend over every committed run (ablation runs included) and data set."""
+    steps = sum(jsonl(p)[-1]["step"] for p in RES.glob("*/train_log.jsonl.gz"))
+    tokens = 0
+    for log in RES.glob("data-*.log"):  # each log counts the tokens of its own run (a resumed run starts at 0)
+        got = re.findall(r": (\d+) response tokens", log.read_text())
+        tokens += int(got[-1]) if got else 0
+    return (f"Spent by the campaign so far, over every committed run and data log: **{steps:,} fit steps** and "
+            f"**{tokens:,} target-labelled response tokens** generated (held-out shards included).")
+
+
 def wall_seconds(log: list[dict], starts: list[int]) -> float:
     """Fit time: `s_per_step` is the running mean since each (re)start, so each segment's last row times its length."""
     ends = starts[1:] + [log[-1]["step"]]
@@ -192,7 +212,7 @@ def main() -> None:
         vocab=starts[0]["draft_vocab"], cfg=json.dumps({k: v for k, v in cfg.items() if k not in ("data", "out")}),
         fit_cmd="\n    ".join(fit_cmds), curve_table="\n".join(curve_rows(runs)), curve_cmd="\n    ".join(
             shipped.get("curve_commands") or [shipped.get("curve_command", "")]),
-        ablation_table="\n".join(ablation_rows(shipped.get("ablations", []), shipped.get("ablation_step", 1000))),
+        ablation_sections=ablation_sections(shipped), budget=budget_text(), layers=cfg["layers"],
         eval_table="\n".join(ev_rows), eval_cmds="\n".join(f"    {c}" for c in shipped.get("eval_commands", [])),
         cpu=machine["cpu_model"], flags=flags, torch=machine["torch"], threads=cfg.get("threads"),
         s_per_step=seconds / steps, verdict=verdict(ev),
@@ -264,7 +284,9 @@ The held-out ShareGPT split (2 %, chosen by a hash of the conversation id) is ne
 
 ## Training (`python -m dflash train fit`)
 
-{steps:,} steps, {positions:,} supervised positions, about {hours:.1f} h at {s_per_step:.2f} s/step. Runs:
+{budget}
+
+The shipped draft: {steps:,} steps, {positions:,} supervised positions, about {hours:.1f} h at {s_per_step:.2f} s/step. Runs:
 {lineage} Last corpus: {corpus_seqs:,} sequences, {corpus_tokens:,} response tokens (memory-mapped shards; only the fused layers'
 columns are read). Draft vocabulary: {vocab:,} tokens (the most frequent target labels, FR-Spec style).
 
@@ -293,7 +315,7 @@ Over the points from step 1,000 on, τ rose by **{slope:.3f} per doubling** of s
 squares on log2 positions). If that slope held, 10× more supervised positions than the last point
 ({last_pos:,.0f}) would give τ ≈ {x10_tau:.2f} on this set — an extrapolation, not a measurement. At that slope,
 τ = 2.0 would need about 2^{doublings:.0f} ≈ {factor:,.0f}× the supervised positions of the last point: more
-compute on this recipe (one draft layer, teacher-forced data) does not reach the target by itself.
+compute on this recipe ({layers}-layer draft, teacher-forced data) does not reach the target by itself.
 
 The first step's loss was {first_loss:.0f} against ln |V_draft| = {ln_v:.1f}: through the tied head, the final-normed
 MASK embedding (the whole residual stream of a fresh draft) scores the tokens near it with very large logits. The
@@ -301,12 +323,10 @@ first few steps remove it; it is a transient, not a lever.
 
 ## Ablation
 
-Both runs share the main run's data, seed and schedule and stop at the step shown; the better one was resumed
-to the end of the schedule (the resume is exact: same batches, same optimizer state). The held-out τ_tf of the
-`tf-all` run counts teacher-forced labels past a disagreement (its own setting), so only the real-loop column
-compares the two.
+In each group the runs share data, seed and schedule and stop at the step shown; the better one was resumed
+to the end of the schedule (the resume is exact: same batches, same optimizer state).
 
-{ablation_table}
+{ablation_sections}
 """
 
 if __name__ == "__main__":

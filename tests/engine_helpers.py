@@ -90,10 +90,8 @@ class AdversarialDrafter(ScriptedDrafter):
 
 
 def with_drafter(engine: Engine, cls: type[ScriptedDrafter] | None, full_sequence: list[int]) -> Engine:
-    """Install a scripted drafter (None: restore the engine's real drafter)."""
-    if not hasattr(engine, "_real_drafter"):
-        engine._real_drafter = engine.drafter
-    engine.drafter = engine._real_drafter if cls is None else cls(engine, full_sequence)
+    """Draft with a scripted drafter (None: with the drafter over the engine's own draft model)."""
+    engine.use_drafter(None if cls is None else cls(engine, full_sequence))
     return engine
 
 

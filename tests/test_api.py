@@ -20,7 +20,7 @@ def test_config_validates_like_the_request():
 @pytest.mark.slow
 def test_article_api_on_the_default_target(tmp_path):
     from dflash.registry import SMOLLM2_GGUF
-    from dflash.target import load_target_model
+    from dflash.load import load_target_model
 
     model, tokenizer = load_target_model(SMOLLM2_GGUF)
     draft = random_default_draft(Target(model, tokenizer), block_size=8)

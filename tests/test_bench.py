@@ -1,6 +1,6 @@
 """The benchmark harness end to end on tiny random models (all four methods, a 2-prompt JSONL set), its
-summaries on synthetic records, the statistics it relies on (synthetic event streams), the transformers
-baselines, and the packed LM head the engine uses for multi-row products."""
+summaries on synthetic records, the statistics it relies on (synthetic event streams), and the transformers
+baselines."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from conftest import tiny_draft, tiny_target
 from dflash import events as ev
@@ -21,7 +20,6 @@ from dflash.engine import Engine
 from dflash.errors import ValidationError
 from dflash.request import Request
 from dflash.stats import compute_stats, speedup
-from dflash.target import PackedLinear
 
 torch.set_num_threads(1)  # shared 2-core machine: OpenMP spin-waiting makes 2 threads far slower for tiny models
 
@@ -329,37 +327,3 @@ def test_speedup_and_spread():
     s = speedup([100.0, 300.0], [50.0, 100.0])
     assert s == pytest.approx({"speedup": 400 / 150, "min": 2.0, "median": 2.5, "max": 3.0})
     assert speedup([100.0], [0.0])["speedup"] == 0.0  # a zero-time method gives no ratio, never a division error
-
-
-# -- the packed LM head (dflash.target.PackedLinear) ----------------------------------------------------------
-def test_packed_head_matches_linear():
-    torch.manual_seed(0)
-    w = torch.randn(1000, 64)
-    head = PackedLinear(w)
-    x = torch.randn(16, 64)
-    assert torch.allclose(head(x), F.linear(x, w), atol=1e-4)
-    assert torch.equal(head(x[:1]), F.linear(x[:1], w))  # one row: exactly the plain path (autoregressive steps)
-    assert torch.equal(head(x[None])[0], head(x))  # [1, T, H] like [T, H]
-    head.enabled = False
-    assert torch.equal(head(x), F.linear(x, w))
-    head.enabled = True
-    with torch.no_grad():
-        w.mul_(2.0)  # modified in place: the packed copy is rebuilt
-    assert torch.allclose(head(x), F.linear(x, w), atol=2e-4)
-    g = torch.randn(4, 64, requires_grad=True)
-    head(g).sum().backward()  # needs a gradient: plain path
-    assert g.grad is not None
-
-
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_target_forward_split_head_matches_model(arch):
-    target = tiny_target(arch, seed=4)
-    assert target._split_head
-    ids = torch.tensor([[3, 9, 27, 81, 243 % 256, 5, 6, 7]])
-    with torch.inference_mode():
-        ref = target.model(input_ids=ids).logits[0]
-        ref1 = target.model(input_ids=ids, logits_to_keep=1).logits[0]
-    logits, _ = target.forward(ids, target.new_cache(), capture=False)
-    assert torch.allclose(logits, ref, atol=1e-4)
-    last, _ = target.forward(ids, target.new_cache(), last_only=True, capture=False)
-    assert torch.equal(last, ref1)

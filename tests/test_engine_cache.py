@@ -2,7 +2,8 @@
 
 A `Target` subclass re-checks every cached forward against a fresh no-cache forward over the sequence the
 cache is supposed to hold, and a `Drafter` subclass re-checks the draft's context K/V against features
-recomputed from scratch (transformers' hidden_states[j + 1]). Both pass through to the real code.
+recomputed from scratch (transformers' hidden_states[j + 1]). Both pass through to the real code. A drafter
+written against `DraftProposer` alone checks what the engine feeds any drafter's context cache.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 import dflash.engine as engine_mod
 from conftest import tiny_draft, tiny_target
 from dflash.draft import extract_context_feature
-from dflash.drafter import Drafter
+from dflash.drafter import Drafter, DraftProposer, Proposal
 from dflash.engine import Engine
 from dflash.events import Commit, Verify
 from dflash.request import Request
@@ -57,10 +58,9 @@ class CheckedTarget(Target):
 class CheckedDrafter(Drafter):
     """Before each proposal: the draft cache holds exactly the context K/V of positions 0 .. start-1."""
 
-    def __init__(self, engine: Engine):
-        d = engine.drafter
-        super().__init__(d.draft, d.embed, engine.target.lm_head_weight, d.vocab_ids, d.vocab_size)
-        self.target = engine.target
+    def __init__(self, target: CheckedTarget, draft):
+        super().__init__(draft, target.embed, target.lm_head_weight, None, target.vocab_size)
+        self.target = target
         self.checked = 0
 
     def propose(self, cache, anchor, start, size, n_steps, threshold, sample):
@@ -81,8 +81,8 @@ class CheckedDrafter(Drafter):
 @pytest.fixture(scope="module")
 def checked():
     target = CheckedTarget(tiny_target("qwen3", seed=5).model)
-    engine = Engine(target, tiny_draft(target, block_size=16))
-    engine.drafter = CheckedDrafter(engine)
+    draft = tiny_draft(target, block_size=16)
+    engine = Engine(target, draft, drafter=CheckedDrafter(target, draft))
     return target, engine
 
 
@@ -158,3 +158,55 @@ def test_no_state_leaks_between_requests():
 
     assert trace(again) == trace(first)
     assert again.stats["acceptance_lengths"] == first.stats["acceptance_lengths"]
+
+
+class PositionsDrafter:
+    """A drafter written against `DraftProposer` alone (no `Drafter` base, no draft model): its context cache
+    is the list of absolute positions whose target features it was given, and it proposes `full[t]` at t."""
+
+    def __init__(self, full: list[int], feature_width: int):
+        self.full, self.width = full, feature_width
+        self.seen: list[tuple[list[int], int]] = []  # (cache, start) at each proposal
+
+    def new_cache(self) -> list[int]:
+        return []
+
+    def extend_context(self, cache: list[int], features: torch.Tensor, start_pos: int) -> None:
+        assert features.shape[0] == 1 and features.shape[2] == self.width  # [1, T, k*H]
+        cache.extend(range(start_pos, start_pos + features.shape[1]))
+
+    def propose(self, cache, anchor, start, size, n_steps, threshold, sample) -> Proposal:
+        self.seen.append((list(cache), start))
+        tokens = [self.full[t] for t in range(start + 1, start + size)]
+        return Proposal(tokens, [1.0] * len(tokens), None, [], 0.0)
+
+
+def test_a_drafter_plugs_in_through_the_engine():
+    """Passed to `Engine(..., drafter=)`: before each block its cache holds positions 0 .. start-1, each once."""
+    target = tiny_target("llama", seed=4)
+    draft = tiny_draft(target, block_size=6)
+    prompt = [3, 1, 4, 1, 5]
+    ref = reference_greedy(target, prompt, 24)
+    drafter = PositionsDrafter(prompt + ref + [0] * 8, len(draft.config.target_layer_ids) * target.hidden_size)
+    assert isinstance(drafter, DraftProposer)
+    engine = Engine(target, draft, drafter=drafter)
+    assert engine.drafter is drafter
+    res = engine.generate(Request(prompt_ids=tuple(prompt), max_new_tokens=24))
+    assert res.finish_reason == "length", res.message
+    assert res.output_ids == ref
+    verifies = [e for e in res.events if isinstance(e, Verify)]
+    assert verifies and all(v.accepted_len == v.block_size - 1 for v in verifies)  # it proposed the target's tokens
+    assert [start for _, start in drafter.seen] == [v.start for v in verifies]
+    assert all(cache == list(range(start)) for cache, start in drafter.seen)
+    engine.use_drafter(None)  # back to the drafter over the draft model
+    assert isinstance(engine.drafter, Drafter)
+    assert engine.generate(Request(prompt_ids=tuple(prompt), max_new_tokens=24)).output_ids == ref
+
+
+def test_a_drafter_needs_a_draft_model():
+    target = tiny_target("llama", seed=4)
+    drafter = PositionsDrafter([], 0)
+    with pytest.raises(ValueError, match="drafter"):
+        Engine(target, drafter=drafter)
+    with pytest.raises(ValueError, match="drafter"):
+        Engine(target).use_drafter(drafter)

@@ -11,9 +11,10 @@ import torch
 from dflash.draft import DFlashDraftModel
 from dflash.engine import Engine
 from dflash.events import Commit, Verify
+from dflash.load import load_target_model
 from dflash.registry import SMOLLM2_GGUF
 from dflash.request import Request
-from dflash.target import Target, load_target_model
+from dflash.target import Target
 from engine_helpers import random_default_draft  # (importing engine_helpers also pins one CPU thread)
 
 pytestmark = pytest.mark.slow

@@ -28,7 +28,7 @@ def smollm2_tokenizer():
     from transformers import AutoTokenizer
 
     from dflash.registry import SMOLLM2_GGUF
-    from dflash.target import _gguf_location
+    from dflash.load import _gguf_location
 
     directory, filename = _gguf_location(SMOLLM2_GGUF)
     return AutoTokenizer.from_pretrained(directory, gguf_file=filename)  # the tokenizer only: no weights dequantized

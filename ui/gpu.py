@@ -4,7 +4,10 @@ cheap to pickle), then animated in this process, outside the GPU allocation.
 The worker is a fork of this process made at the first GPU call and reused after. So it is handed a key it can
 resolve by itself, (provider number, preset name), never an engine object: providers are registered when a
 Playground is built (the app builds its one at startup, before any GPU call), so every worker holds them, and
-the worker's copy of a provider loads, there, a preset that was loaded here only after the fork.
+the worker's copy of a provider loads, there, a preset that was loaded here only after the fork. The visitor
+rules of a load (which presets, one at a time, the deadline, the swap interval: ui/engines.py) were applied here,
+in this process, before the call, so the worker loads without them; a swap there frees the old engine the same
+way. No engine is kept by this module: the providers are held weakly and the keys are plain values.
 """
 
 from __future__ import annotations

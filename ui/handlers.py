@@ -1,7 +1,7 @@
 """The playground's behaviour, independent of the page layout: run a request and render its events as they
 arrive, stop, compare with the no-draft baseline, replay traces, keep the run history and write exports.
 
-Handlers return dicts keyed by view names (see `VIEW_KEYS`); ui/layout.py maps them onto components, with
+Handlers return dicts keyed by view names (see `VIEW_KEYS`); ui/wiring.py maps them onto components, with
 `gr.skip()` for the keys a yield leaves out. Every picture comes from ui/render.py and ui/plots.py applied to
 the engine's events — the same functions replay a saved trace. A session's trace lives in its gr.State as a
 `Replay` (decoded once; moving forward a frame costs only that frame's events).
@@ -14,9 +14,10 @@ import math
 import tempfile
 import threading
 import time
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import gradio as gr
 import torch
@@ -27,10 +28,11 @@ from dflash.errors import BusyError, DFlashError, ValidationError
 from dflash.request import Request
 from dflash.zerogpu import zero_gpu
 from ui import gpu, plots, render
-from ui.render_inspector import inspector_html
-from ui.render_stats import comparison, stats_html
 from ui.engines import EngineProvider
 from ui.exports import history_row, history_table, write_exports
+from ui.live import FrameThrottle, RunLook, final_status, live_status
+from ui.render_inspector import inspector_html
+from ui.render_stats import comparison, stats_html
 from ui.replay import Replay, Trace, TraceError, bundled_traces, events_at, frame_label, frames, load_trace_file
 from ui.run_state import RunState, as_state
 from ui.sessions import GENERATION, REPLAY, SessionRuns
@@ -99,19 +101,13 @@ def view(events: RunState | list, show_rejected: bool = True, block: int | None 
     return out
 
 
-def live_status(events: list, what: str = "Generating") -> str:
-    commits = [e for e in events if isinstance(e, ev.Commit)]
-    if not commits:
-        return f"{what}: reading the prompt…"
-    blocks = [e for e in events if isinstance(e, ev.Verify)]
-    return f"{what}: {commits[-1].n_out} tokens, {len(blocks)} verify steps…"
-
-
-def final_status(events: list) -> str:
-    fin = render.finished(events)
-    s = render.run_stats(events)
-    return (f"**{render.finish_words(fin)}** {s['n_output_tokens']} tokens in {s['total_ms'] / 1000:.1f} s · "
-            f"τ {s['tau']:.2f} · {s['tokens_per_s']:.1f} tok/s")
+def live_frame(events: list, look: RunLook, charts: bool) -> dict[str, Any]:
+    """One redraw of a streaming run. Step mode only records (the status line); the legend never changes."""
+    if look.step_mode:
+        return {"status": live_status(events, "Recording (step mode)")}
+    out = {"status": live_status(events), **view(events, look.show_rejected, hw=look.hw, charts=charts)}
+    del out["legend"]
+    return out
 
 
 class Playground:
@@ -137,8 +133,9 @@ class Playground:
         return STOPPED_IN_QUEUE if stopped.queued else "Nothing is running."
 
     # -- requests ----------------------------------------------------------------------------------------------
-    def make_request(self, values: dict[str, Any], engine: Engine) -> Request:
-        """UI values → a validated Request (ValidationError names the parameter and its range)."""
+    def make_request(self, values: dict[str, Any]) -> Request:
+        """UI values → a validated Request (ValidationError names the parameter and its range), before any model is
+        loaded for it; `EngineProvider.for_request` then fits it to the preset's engine."""
         cap = self.settings.max_new_tokens
         n = _whole(values.get("max_new_tokens"))
         if isinstance(n, int) and not isinstance(n, bool) and not 1 <= n <= cap:
@@ -147,16 +144,11 @@ class Playground:
         if prompt is not None and not isinstance(prompt, str):
             raise ValidationError("prompt", "must be text")
         return Request(prompt=prompt or "", max_new_tokens=n, temperature=values.get("temperature"),
-                       top_p=values.get("top_p"), seed=_whole(values.get("seed")), use_draft=engine.drafter is not None,
+                       top_p=values.get("top_p"), seed=_whole(values.get("seed")),
                        block_size=_whole(values.get("block_size")), diffusion_steps=_whole(values.get("steps")),
                        confidence_threshold=values.get("confidence"), acceptance_threshold=values.get("acceptance"),
                        adaptive=values.get("adaptive"), min_block_size=_whole(values.get("min_block")),
                        max_block_size=_whole(values.get("max_block")), deadline_s=self.settings.deadline_s)
-
-    def _engine(self, preset: Any) -> Engine:
-        if not isinstance(preset, str):
-            raise ValidationError("preset", "must be a preset name")
-        return self.engines.get(preset)
 
     def _start(self, engine: Engine, preset: str, request: Request, session: str):
         """(event stream, its cancel flag) for this session; the flag is dropped again if the start fails."""
@@ -181,57 +173,49 @@ class Playground:
             yield {"status": STOPPED_IN_QUEUE}
             return
         preset = values.get("preset")
-        engine = self._engine(preset)
-        request = self.make_request(values, engine)
-        show_rejected, step_mode = bool(values.get("show_rejected", True)), bool(values.get("step_mode"))
+        # Every value is checked before a model is loaded for it; the load follows the visitor rules (ui/engines.py).
+        engine, request = self.engines.for_request(preset, self.make_request(values))
+        look = RunLook(bool(values.get("show_rejected", True)), bool(values.get("step_mode")), hardware(engine))
         stream, cancel = self._start(engine, preset, request, session)
-        hw = hardware(engine)
-        s = self.settings
         try:
-            # Take the Started event before the first yield, so the engine's generator (and its lock) is live
-            # before Gradio can cancel this handler.
-            events: list = [next(stream)]
-            yield {"status": live_status(events), **view(events, show_rejected, hw=hw), "replay_label": ""}
-            last = last_plot = 0.0
-            # Redraw at block ends (the inspector then shows a whole block with its verdict), and at each
-            # denoising pass only when there are several to watch.
-            watch_steps = request.use_draft and request.diffusion_steps > 1
-            for e in stream:
-                events.append(e)
-                if not (isinstance(e, ev.Commit) or (watch_steps and isinstance(e, ev.DraftStep))):
-                    continue
-                now = time.monotonic()
-                if now - last < s.refresh_s:
-                    continue
-                last = now
-                out: dict[str, Any] = {"status": live_status(events, "Recording (step mode)" if step_mode else "Generating")}
-                if not step_mode:
-                    block_end = isinstance(e, ev.Commit)
-                    charts = block_end and now - last_plot >= s.plot_refresh_s
-                    last_plot = now if charts else last_plot
-                    out.update(view(events, show_rejected, hw=hw, charts=charts))
-                    del out["legend"]  # unchanged during a run
-                yield out
+            events = yield from self._live(stream, request, look)
         finally:
             stream.close()  # frees the engine at once if this generator is closed early
             self.runs.end(session, cancel)
+        yield self._finished_run(events, request, preset, engine.name, look, history)
+
+    def _live(self, stream: Iterator, request: Request, look: RunLook) -> Generator[dict[str, Any], None, list]:
+        """Yield the views of a run as its events arrive (paced by a FrameThrottle); return all its events."""
+        # Take the Started event before the first yield, so the engine's generator (and its lock) is live
+        # before Gradio can cancel this handler.
+        events: list = [next(stream)]
+        yield {"status": live_status(events), **view(events, look.show_rejected, hw=look.hw), "replay_label": ""}
+        throttle = FrameThrottle(self.settings.refresh_s, self.settings.plot_refresh_s,
+                                 watch_steps=request.use_draft and request.diffusion_steps > 1)
+        for e in stream:
+            events.append(e)
+            redraw, charts = throttle.due(e)
+            if redraw:
+                yield live_frame(events, look, charts)
+        return events
+
+    def _finished_run(self, events: list, request: Request, preset: str, model: str, look: RunLook,
+                      history: list | None) -> dict[str, Any]:
+        """A run's last update: its final views (step mode: its first frame), its trace, history row and exports."""
         run_id = self._next_run()
-        meta = {"title": f"Run {run_id}: {request.prompt[:60]}", "model": engine.name, "hardware": hw,
+        meta = {"title": f"Run {run_id}: {request.prompt[:60]}", "model": model, "hardware": look.hw,
                 "recorded": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "source": "run"}
         trace = Trace(events, meta)
         history = list(history or []) + [history_row(run_id, "run", preset, events)]
-        idx = frames(events)
-        frame = 0 if step_mode else len(idx) - 1
-        shown = events_at(events, frame)
+        n_frames = len(frames(events))
+        frame = 0 if look.step_mode else n_frames - 1
         status = final_status(events)
-        if step_mode:
+        if look.step_mode:
             status += " · Step mode: press **Next ▶** (Replay tab) to walk through it."
-        yield {**view(shown, show_rejected, hw=hw), "status": status,
-               "trace": trace_state(trace, source="run", preset=preset, run_id=run_id, hardware=hw),
-               "history": history, "history_table": history_table(history),
-               "replay": gr.update(maximum=max(len(idx) - 1, 1), value=frame), "replay_label": frame_label(events, frame),
-               "inspect_block": gr.update(maximum=max(_n_blocks(events), 1), value=0),
-               **self.exports(trace, history, run_id)}
+        return {**view(events_at(events, frame), look.show_rejected, hw=look.hw), "status": status,
+                "trace": trace_state(trace, source="run", preset=preset, run_id=run_id, hardware=look.hw),
+                **_cursor(n_frames, frame, frame_label(events, frame), events), **_history_views(history),
+                **self.exports(trace, history, run_id)}
 
     def _next_run(self) -> int:
         with self._counter_lock:
@@ -243,32 +227,12 @@ class Playground:
         if not self.runs.take_admission(session):
             yield {"status": STOPPED_IN_QUEUE}
             return
-        trace = trace_from_state(state)
-        if trace is None or state.get("source") != "run":
-            raise ValidationError("compare", "needs a run from this session: press Generate first "
-                                             "(a loaded trace has no live model)")
-        st = render.started(trace.events)
-        fin = render.finished(trace.events)
-        if st is None or fin is None:
-            raise ValidationError("compare", "the run has not finished yet")
+        trace = _finished_session_run(state)
         preset = state.get("preset")
-        engine = self._engine(preset)
-        # Same request, no draft, and just as many tokens as the run produced (a fair, shorter comparison).
-        req = dict(st.request)
-        req.update(use_draft=False, max_new_tokens=max(1, len(fin.output_ids)), deadline_s=self.settings.deadline_s)
-        request = Request(**req)
+        engine, request = self.engines.for_request(preset, self._baseline_request(trace))
         stream, cancel = self._start(engine, preset, request, session)
-        base: list = []
-        last = 0.0
         try:
-            base.append(next(stream))  # start the engine's generator at once (see generate)
-            for e in stream:
-                base.append(e)
-                now = time.monotonic()
-                if isinstance(e, ev.Commit) and now - last >= self.settings.plot_refresh_s:
-                    last = now
-                    yield {"status": live_status(base, "Running the autoregressive baseline"),
-                           "throughput": plots.throughput_figure(trace.events, base)}
+            base = yield from self._live_baseline(stream, trace)
         finally:
             stream.close()
             self.runs.end(session, cancel)
@@ -276,22 +240,43 @@ class Playground:
         if bfin is None or bfin.reason in ("cancelled", "timeout", "error"):
             yield {"status": f"Baseline {bfin.reason if bfin else 'stopped'}: {render.finish_words(bfin)} Nothing compared."}
             return
+        yield self._compared(state, trace, base, history)
+
+    def _baseline_request(self, trace: Trace) -> Request:
+        """The run's request without the draft, for just as many tokens as the run produced (a fair, shorter
+        comparison)."""
+        req = dict(render.started(trace.events).request)
+        req.update(use_draft=False, max_new_tokens=max(1, len(render.finished(trace.events).output_ids)),
+                   deadline_s=self.settings.deadline_s)
+        return Request(**req)
+
+    def _live_baseline(self, stream: Iterator, trace: Trace) -> Generator[dict[str, Any], None, list]:
+        """Yield the throughput chart as the baseline runs (at commits, at most every plot_refresh_s); return
+        the baseline's events."""
+        base: list = [next(stream)]  # start the engine's generator at once (see _live)
+        throttle = FrameThrottle(self.settings.plot_refresh_s, self.settings.plot_refresh_s)
+        for e in stream:
+            base.append(e)
+            if throttle.due(e)[0]:
+                yield {"status": live_status(base, "Running the autoregressive baseline"),
+                       "throughput": plots.throughput_figure(trace.events, base)}
+        return base
+
+    def _compared(self, state: dict, trace: Trace, base: list, history: list | None) -> dict[str, Any]:
+        """The comparison's update: statistics, throughput chart and status, the trace with its baseline, the
+        run's history row completed, and the exports."""
         comp = comparison(trace.events, base)
         trace.baseline = base
         run_id = state.get("run_id", 0)
-        history = [dict(r) for r in history or []]
-        for r in history:
-            if r.get("run") == run_id and r.get("source") == "run":
-                r.update({"baseline tok/s": round(comp["baseline_tokens_per_s"], 2), "speedup": round(comp["speedup"], 2),
-                          "identical": "✓" if comp["identical"] else f"✗ at {comp['first_diff']}"})
+        history = _with_comparison(history, run_id, comp)
         same = "identical ✓" if comp["identical"] else f"different ✗ (first difference at token {comp['first_diff']})"
-        yield {"stats": stats_html(trace.events, comp, state.get("hardware", "")),
-               "throughput": plots.throughput_figure(trace.events, base),
-               "status": f"**Compared with autoregressive:** baseline {comp['baseline_tokens_per_s']:.1f} tok/s, "
-                         f"speedup {comp['speedup']:.2f}×, outputs {same}.",
-               "trace": trace_state(trace, **{k: v for k, v in state.items() if k not in ("replay", "compare")},
-                                    compare=comp),
-               "history": history, "history_table": history_table(history), **self.exports(trace, history, run_id)}
+        return {"stats": stats_html(trace.events, comp, state.get("hardware", "")),
+                "throughput": plots.throughput_figure(trace.events, base),
+                "status": f"**Compared with autoregressive:** baseline {comp['baseline_tokens_per_s']:.1f} tok/s, "
+                          f"speedup {comp['speedup']:.2f}×, outputs {same}.",
+                "trace": trace_state(trace, **{k: v for k, v in state.items() if k not in ("replay", "compare")},
+                                     compare=comp),
+                **_history_views(history), **self.exports(trace, history, run_id)}
 
     # -- replay ------------------------------------------------------------------------------------------------
     def load_bundled(self, label: Any, show_rejected: bool) -> dict[str, Any]:
@@ -316,8 +301,7 @@ class Playground:
         with replay.lock:
             shown = view(replay.seek(last), show_rejected, baseline=replay.baseline_state(), compare=comp, hw=hw)
         return {**shown, "status": f"**Loaded {source} trace:** {title}" + (f" — {note}" if note else ""),
-                "trace": state, "replay": gr.update(maximum=max(last, 1), value=last), "replay_label": replay.label(last),
-                "inspect_block": gr.update(maximum=max(_n_blocks(trace.events), 1), value=0)}
+                "trace": state, **_cursor(replay.n_frames, last, replay.label(last), trace.events)}
 
     def show_frame(self, state: dict | None, frame: Any, block: Any, show_rejected: bool, charts: bool = True) -> dict[str, Any]:
         if not state:
@@ -363,6 +347,37 @@ class Playground:
 
 def _n_blocks(events: list) -> int:
     return max((e.block for e in events if isinstance(e, ev.Commit)), default=0)
+
+
+def _cursor(n_frames: int, frame: int, label: str, events: list) -> dict[str, Any]:
+    """The replay slider at `frame` of `n_frames` with its label, and the block picker reset to the latest block."""
+    return {"replay": gr.update(maximum=max(n_frames - 1, 1), value=frame), "replay_label": label,
+            "inspect_block": gr.update(maximum=max(_n_blocks(events), 1), value=0)}
+
+
+def _history_views(history: list) -> dict[str, Any]:
+    return {"history": history, "history_table": history_table(history)}
+
+
+def _finished_session_run(state: dict | None) -> Trace:
+    """The finished run of this session that Compare measures against (ValidationError otherwise)."""
+    trace = trace_from_state(state)
+    if trace is None or state.get("source") != "run":
+        raise ValidationError("compare", "needs a run from this session: press Generate first "
+                                         "(a loaded trace has no live model)")
+    if render.started(trace.events) is None or render.finished(trace.events) is None:
+        raise ValidationError("compare", "the run has not finished yet")
+    return trace
+
+
+def _with_comparison(history: list | None, run_id: int, comp: dict) -> list:
+    """A copy of the history with the compared run's row completed (baseline speed, speedup, identical)."""
+    history = [dict(r) for r in history or []]
+    for r in history:
+        if r.get("run") == run_id and r.get("source") == "run":
+            r.update({"baseline tok/s": round(comp["baseline_tokens_per_s"], 2), "speedup": round(comp["speedup"], 2),
+                      "identical": "✓" if comp["identical"] else f"✗ at {comp['first_diff']}"})
+    return history
 
 
 def _block(value: Any) -> int | None:

@@ -67,13 +67,19 @@ def inspector_grid(info: BlockInfo) -> list[list[dict]]:
     return rows
 
 
+PLACEHOLDER = ('<div class="dfl-insp"><p class="dfl-placeholder">The block inspector shows each draft block here: '
+               'denoising steps × positions, then the target\'s verdict.</p></div>')
+KEY = ('<p class="insp-key">Cells: shading = draft confidence · <span class="key-new">outlined ●</span> committed at '
+       'this step · <span class="key-mask">hatched MASK</span> still masked · ✓ accepted · ✗ first rejection (with '
+       'the target\'s token) · – not counted</p>')
+
+
 def inspector_html(run: RunState | list, block: int | None = None) -> str:
     """Grid of denoising steps × block positions for `block` (None or missing: the latest block)."""
     state = as_state(run)
     blocks = state.blocks
     if not blocks:
-        return ('<div class="dfl-insp"><p class="dfl-placeholder">The block inspector shows each draft block here: '
-                'denoising steps × positions, then the target\'s verdict.</p></div>')
+        return PLACEHOLDER
     info = blocks.get(block) if block else None
     if info is None:
         info = blocks[state.latest_block]
@@ -82,6 +88,11 @@ def inspector_html(run: RunState | list, block: int | None = None) -> str:
     ctrl = f'<p class="insp-ctrl">Controller: block size {attr(size.size)} — {attr(size.reason)}</p>' if size else ""
     if info.block == 0 or (info.verify is None and not info.steps):
         return f'<div class="dfl-insp">{summary}{ctrl}</div>'
+    return f'<div class="dfl-insp">{summary}{ctrl}{_grid_table(info)}{_verdict_line(info)}{KEY}</div>'
+
+
+def _grid_table(info: BlockInfo) -> str:
+    """The grid as an HTML table: a header of positions, one row per denoising step, then the verify row."""
     grid = inspector_grid(info)
     width = max(len(r) for r in grid)
     start = info.steps[0].start if info.steps else (info.verify.start if info.verify else 0)
@@ -95,44 +106,44 @@ def inspector_html(run: RunState | list, block: int | None = None) -> str:
         else:
             s = info.steps[r]
             label = attr(f"step {s.step + 1}/{s.n_steps}")
-        cells = []
-        for c in row:
-            k = c["kind"]
-            if k == "anchor":
-                cells.append(_cell("·" if is_verify else c["text"], None, "cell-anchor",
-                                   "anchor: the last committed token (not drafted)"))
-            elif k == "mask":
-                tip = f"still MASK after this step; current best guess {quoted(c['text'])} ({c['conf']:.2f})"
-                cells.append(f'<td class="cell-mask" title="{attr(tip)}"><span class="ct">MASK</span>'
-                             f'<small class="conf">{c["conf"]:.2f}</small></td>')
-            elif k == "new":
-                cells.append(_cell(c["text"], c["conf"], "cell-new", f"committed at this step (confidence {c['conf']:.2f})"))
-            elif k == "old":
-                cells.append(_cell(c["text"], c["conf"], "cell-old",
-                                   f"committed at an earlier step (confidence {c['conf']:.2f})"))
-            elif k == "ok":
-                cells.append('<td class="v-ok" title="accepted: the target agrees"><span class="glyph">✓</span></td>')
-            elif k == "bad":
-                tip = f"rejected: draft {quoted(c['draft'])}, the target chose {quoted(c['text'])}"
-                cells.append(f'<td class="v-bad" title="{attr(tip)}"><span class="glyph">✗</span> '
-                             f'<span class="ct">{show_text(c["text"], False)}</span></td>')
-            else:
-                cells.append('<td class="v-skip" title="not counted: after the first rejection">–</td>')
+        cells = "".join(_cell_html(c, is_verify) for c in row)
         row_cls = "row-verify" if is_verify else "row-step"
-        rows_html.append(f'<tr class="{row_cls}"><th scope="row">{label}</th>{"".join(cells)}</tr>')
-    nxt = ""
-    if info.verify is not None and info.verify.draft_tokens:
-        v = info.verify
-        word = "bonus" if v.accepted_len == len(v.draft_tokens) else "correction"
-        added = show_text(v.target_texts[v.accepted_len], False)
-        nxt = (f'<p class="insp-next">Target adds: <span class="tok tok-{word}">{added}</span> '
-               f'({word}) · draft {v.draft_ms:.0f} ms · verify {v.verify_ms:.0f} ms</p>')
-    elif info.verify is not None:
-        nxt = f'<p class="insp-next">verify {info.verify.verify_ms:.0f} ms (one target forward)</p>'
-    table = (f'<div class="insp-scroll"><table class="insp" aria-label="Block {attr(info.block)}: denoising steps by '
-             f'position"><thead><tr><th scope="col">block {attr(info.block)}</th>{head}</tr></thead>'
-             f'<tbody>{"".join(rows_html)}</tbody></table></div>')
-    key = ('<p class="insp-key">Cells: shading = draft confidence · <span class="key-new">outlined ●</span> committed at '
-           'this step · <span class="key-mask">hatched MASK</span> still masked · ✓ accepted · ✗ first rejection (with '
-           'the target\'s token) · – not counted</p>')
-    return f'<div class="dfl-insp">{summary}{ctrl}{table}{nxt}{key}</div>'
+        rows_html.append(f'<tr class="{row_cls}"><th scope="row">{label}</th>{cells}</tr>')
+    return (f'<div class="insp-scroll"><table class="insp" aria-label="Block {attr(info.block)}: denoising steps by '
+            f'position"><thead><tr><th scope="col">block {attr(info.block)}</th>{head}</tr></thead>'
+            f'<tbody>{"".join(rows_html)}</tbody></table></div>')
+
+
+def _cell_html(c: dict, is_verify: bool) -> str:
+    """One cell of `inspector_grid` as a table cell (every text escaped)."""
+    k = c["kind"]
+    if k == "anchor":
+        return _cell("·" if is_verify else c["text"], None, "cell-anchor", "anchor: the last committed token (not drafted)")
+    if k == "mask":
+        tip = f"still MASK after this step; current best guess {quoted(c['text'])} ({c['conf']:.2f})"
+        return (f'<td class="cell-mask" title="{attr(tip)}"><span class="ct">MASK</span>'
+                f'<small class="conf">{c["conf"]:.2f}</small></td>')
+    if k == "new":
+        return _cell(c["text"], c["conf"], "cell-new", f"committed at this step (confidence {c['conf']:.2f})")
+    if k == "old":
+        return _cell(c["text"], c["conf"], "cell-old", f"committed at an earlier step (confidence {c['conf']:.2f})")
+    if k == "ok":
+        return '<td class="v-ok" title="accepted: the target agrees"><span class="glyph">✓</span></td>'
+    if k == "bad":
+        tip = f"rejected: draft {quoted(c['draft'])}, the target chose {quoted(c['text'])}"
+        return (f'<td class="v-bad" title="{attr(tip)}"><span class="glyph">✗</span> '
+                f'<span class="ct">{show_text(c["text"], False)}</span></td>')
+    return '<td class="v-skip" title="not counted: after the first rejection">–</td>'
+
+
+def _verdict_line(info: BlockInfo) -> str:
+    """What the target adds after verification (bonus or correction) and the timings; "" before verification."""
+    v = info.verify
+    if v is None:
+        return ""
+    if not v.draft_tokens:
+        return f'<p class="insp-next">verify {v.verify_ms:.0f} ms (one target forward)</p>'
+    word = "bonus" if v.accepted_len == len(v.draft_tokens) else "correction"
+    added = show_text(v.target_texts[v.accepted_len], False)
+    return (f'<p class="insp-next">Target adds: <span class="tok tok-{word}">{added}</span> '
+            f'({word}) · draft {v.draft_ms:.0f} ms · verify {v.verify_ms:.0f} ms</p>')

@@ -10,9 +10,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dflash.cli import add_engine_args, add_model_args, engine_from_args, request_kwargs
 from dflash.errors import ValidationError
+
+if TYPE_CHECKING:  # for annotations only: imported where used, so that parsing the command line loads no torch
+    from dflash.bench.runner import BenchConfig
+    from dflash.engine import Engine
 
 DEFAULT_METHODS = "ar,dflash,hf-generate,hf-prompt-lookup"
 
@@ -96,48 +101,84 @@ def _result_paths(args) -> tuple[Path, Path]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+    from dflash.bench.runner import check_methods, prepare_prompts, warm_up
 
-    from dflash.bench import report
-    from dflash.bench.machine import machine_info, now_iso
-    from dflash.bench.runner import BenchConfig, check_methods, prepare_prompts, run_prompt, warm_up
+    cfg = _bench_config(args)
+    json_path, md_path = _result_paths(args)
+    if "dflash" in cfg.methods and args.no_draft:
+        raise ValidationError("methods", "--no-draft loads no draft: leave dflash out of --methods")
+    engine, info = _bench_engine(args)
+    check_methods(engine, cfg)
+    items = prepare_prompts(engine, args.prompts, args.limit)
+    result = _new_result(args, engine, info, cfg, len(items))
+    if args.resume and json_path.exists():
+        _resume(result, json.loads(json_path.read_text()), args.output, items)
+    done = {p["index"] for p in result["prompts"]}
+    todo = [it for it in items if it.index not in done]
+    if todo and cfg.warmup:
+        warm_up(engine, todo, cfg)
+    _run_prompts(engine, cfg, todo, result, (json_path, md_path), _progress_bar(len(items), len(done), args.no_progress))
+    _finish(result, info["device"], json_path, md_path)
+    return 0
+
+
+def _bench_config(args: argparse.Namespace) -> BenchConfig:
+    from dflash.bench.runner import BenchConfig
 
     if args.limit is not None and args.limit < 1:
         raise ValidationError("limit", f"must be >= 1, got {args.limit}")
     kwargs = request_kwargs(args)
     kwargs.pop("use_draft")
-    cfg = BenchConfig(methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), request=kwargs,
-                      repeats=args.repeats, warmup=not args.no_warmup,
-                      prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
-                      max_matching_ngram_size=args.max_matching_ngram_size)
-    json_path, md_path = _result_paths(args)
-    if "dflash" in cfg.methods and args.no_draft:
-        raise ValidationError("methods", "--no-draft loads no draft: leave dflash out of --methods")
-    # --random-draft: load the target alone (the preset's draft may not exist yet), then attach the random draft.
+    return BenchConfig(methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), request=kwargs,
+                       repeats=args.repeats, warmup=not args.no_warmup,
+                       prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
+                       max_matching_ngram_size=args.max_matching_ngram_size)
+
+
+def _bench_engine(args: argparse.Namespace) -> tuple[Engine, dict]:
+    """The engine to measure and its description. --random-draft: the target alone (the preset's draft may not
+    exist yet), then the random draft attached."""
     engine, info = engine_from_args(argparse.Namespace(**{**vars(args), "no_draft": args.no_draft or bool(args.random_draft)}))
     if args.random_draft:
         engine = _random_draft(engine, args.random_draft)
         info["draft"] = f"RANDOM ({args.random_draft} layers, seed 0; development only)"
-    check_methods(engine, cfg)
-    items = prepare_prompts(engine, args.prompts, args.limit)
-    config = {"prompts": args.prompts, "limit": args.limit, "n_prompts": len(items), **cfg.to_dict()}
+    return engine, info
+
+
+def _new_result(args: argparse.Namespace, engine: Engine, info: dict, cfg: BenchConfig, n_prompts: int) -> dict:
+    """The result document before any prompt is measured (schema: docs/bench.md)."""
+    from dflash.bench.machine import machine_info, now_iso
+
+    config = {"prompts": args.prompts, "limit": args.limit, "n_prompts": n_prompts, **cfg.to_dict()}
     models = {"name": engine.name, "preset": args.preset, **info, "trained_block_size": engine.trained_block_size}
-    result = {"schema": "dflash-bench/1", "command": command_line(args), "started_at": now_iso(), "finished_at": None,
-              "complete": False, "machine": machine_info(info["device"]), "models": models, "config": config,
-              "prompts": []}
-    if args.resume and json_path.exists():
-        old = json.loads(json_path.read_text())
-        same_models = all(old.get("models", {}).get(k) == models.get(k) for k in ("target", "draft", "dtype", "device"))
-        if old.get("config") != config or not same_models:
-            raise ValidationError("resume", f"{args.output} was made with other settings; use --overwrite to start again")
-        result["prompts"] = [p for p in old["prompts"] if p["index"] < len(items) and p["prompt_ids"] == items[p["index"]].ids]
-        result["started_at"], result["resumed_at"] = old.get("started_at"), now_iso()
-    done = {p["index"] for p in result["prompts"]}
-    todo = [it for it in items if it.index not in done]
-    if todo and cfg.warmup:
-        warm_up(engine, todo, cfg)
-    bar = tqdm(total=len(items), initial=len(done), unit="prompt", disable=args.no_progress, file=sys.stderr,
-               dynamic_ncols=True)
+    return {"schema": "dflash-bench/1", "command": command_line(args), "started_at": now_iso(), "finished_at": None,
+            "complete": False, "machine": machine_info(info["device"]), "models": models, "config": config,
+            "prompts": []}
+
+
+def _resume(result: dict, old: dict, output: str, items: list) -> None:
+    """Continue `old`, an interrupted result: keep its prompts that still match `items`; refuse other settings."""
+    from dflash.bench.machine import now_iso
+
+    models = result["models"]
+    same_models = all(old.get("models", {}).get(k) == models.get(k) for k in ("target", "draft", "dtype", "device"))
+    if old.get("config") != result["config"] or not same_models:
+        raise ValidationError("resume", f"{output} was made with other settings; use --overwrite to start again")
+    result["prompts"] = [p for p in old["prompts"] if p["index"] < len(items) and p["prompt_ids"] == items[p["index"]].ids]
+    result["started_at"], result["resumed_at"] = old.get("started_at"), now_iso()
+
+
+def _progress_bar(total: int, done: int, disable: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=done, unit="prompt", disable=disable, file=sys.stderr, dynamic_ncols=True)
+
+
+def _run_prompts(engine: Engine, cfg: BenchConfig, todo: list, result: dict, paths: tuple[Path, Path], bar) -> None:
+    """Measure the prompts of `todo`, rewriting the result files after each one (an interrupted run keeps them)."""
+    from dflash.bench import report
+    from dflash.bench.runner import run_prompt
+
     try:
         for item in todo:
             def on_run(method: str, repeat: int) -> None:
@@ -145,19 +186,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
             result["prompts"].append(run_prompt(engine, item, cfg, on_run))
             result["prompts"].sort(key=lambda p: p["index"])
-            report.write_result(result, json_path, md_path)
+            report.write_result(result, *paths)
             bar.update(1)
         bar.set_postfix_str(_running(result))
     finally:
         bar.close()
-    result.update(complete=True, finished_at=now_iso(), load_average_end=machine_info(info["device"])["load_average"])
+
+
+def _finish(result: dict, device: str, json_path: Path, md_path: Path) -> None:
+    """Mark the result complete, write it, print the table and any output that differs from ar."""
+    from dflash.bench import report
+    from dflash.bench.machine import machine_info, now_iso
+
+    result.update(complete=True, finished_at=now_iso(), load_average_end=machine_info(device)["load_average"])
     report.write_result(result, json_path, md_path)
     print(report.markdown(result))
     for d in result["differences"]:
         print(f"warning: prompt {d['prompt']}: {d['method']} differs from ar at output token {d['first_diff']}",
               file=sys.stderr)
     print(f"[wrote {json_path} and {md_path}]", file=sys.stderr)
-    return 0
 
 
 def _running(result: dict) -> str:

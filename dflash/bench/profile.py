@@ -2,7 +2,7 @@
 
     python -m dflash.bench.profile forward [--dtypes float32,bfloat16] [--tokens 1,16] [--context 256] [--reps 10]
         cost of one cached target forward over T tokens per dtype; for T > 1 also with the LM head through plain
-        MKL (`F.linear`) instead of the oneDNN pre-packed copy (dflash.target.PackedLinear), interleaved.
+        MKL (`F.linear`) instead of the oneDNN pre-packed copy (dflash.packed.PackedLinear), interleaved.
     python -m dflash.bench.profile ops [--no-draft | --random-draft 2] [--max-new-tokens 32]
         torch.profiler over one generation: top operators, and decode time split into draft / verify / the rest.
     python -m dflash.bench.profile head-ab --random-draft 2 [--limit 3] [--max-new-tokens 32] [--repeats 2]
@@ -33,8 +33,9 @@ def _median_min(values: list[float]) -> tuple[float, float]:
 
 
 def forward_costs(args) -> list[dict]:
-    from dflash.target import Target, load_target_model
+    from dflash.load import load_target_model
     from dflash.registry import get_preset
+    from dflash.target import Target
 
     source = args.target or get_preset(args.preset).target
     model, tok = load_target_model(source)
@@ -73,8 +74,8 @@ def gemm_costs(args) -> list[dict]:
     import torch.nn.functional as F
     from torch import nn
 
+    from dflash.load import load_target_model
     from dflash.registry import get_preset
-    from dflash.target import load_target_model
 
     model, _ = load_target_model(args.target or get_preset(args.preset).target)
     weights = [m.weight.detach().float().contiguous() for m in model.model.layers.modules() if isinstance(m, nn.Linear)]

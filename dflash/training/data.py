@@ -107,7 +107,7 @@ def run_data(target: str, out_dir: str, n_prompts: int, layer_ids: list[int], ba
              temperature: float = 0.7, seed: int = 0, threads: int | None = None) -> None:
     """ShareGPT training prompts (chat template applied) → shards in `out_dir`."""
     from dflash.datasets import sharegpt_prompts
-    from dflash.target import load_target_model
+    from dflash.load import load_target_model
 
     if threads:
         torch.set_num_threads(threads)
@@ -205,7 +205,7 @@ def run_teacher_forced(target: str, out_dir: str, n: int, layer_ids: list[int], 
     from safetensors.torch import save_file
 
     from dflash.datasets import sharegpt_dialogues, sharegpt_pairs
-    from dflash.target import load_target_model
+    from dflash.load import load_target_model
 
     if threads:
         torch.set_num_threads(threads)

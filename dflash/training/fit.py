@@ -89,7 +89,8 @@ def is_snapshot_step(step: int, base: int) -> bool:
 class Trainer:
     def __init__(self, cfg: FitConfig):
         from dflash.registry import SMOLLM2_GGUF
-        from dflash.target import Target, load_target_model
+        from dflash.load import load_target_model
+        from dflash.target import Target
 
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -142,19 +143,30 @@ class Trainer:
         for SmolLM2's MASK id 16), a transient that the first few steps remove."""
         torch.manual_seed(self.cfg.seed)
         draft = DFlashDraftModel(self.dcfg)
-        if self.cfg.init_from:
-            src, vocab = load_draft(self.cfg.init_from)
-            if src.config.to_hf_dict() | {"block_size": 0} != self.dcfg.to_hf_dict() | {"block_size": 0}:
-                raise ValueError(f"init_from: {self.cfg.init_from} has another architecture than this run")
-            draft.load_state_dict(src.state_dict())
-            return draft, vocab if self.cfg.draft_vocab else None
         for name, mod in draft.named_modules():
             if isinstance(mod, torch.nn.Linear):
                 zero = self.cfg.residual_init == "zero" and name.endswith(("o_proj", "down_proj"))
                 torch.nn.init.zeros_(mod.weight) if zero else torch.nn.init.normal_(mod.weight, std=0.02)
         with torch.no_grad():  # the target's final-norm gain gives the shared LM head its expected input scale
             draft.norm.weight.copy_(final_norm)
-        return draft, None
+        return self.warm_start(draft) if self.cfg.init_from else (draft, None)
+
+    def warm_start(self, draft: DFlashDraftModel) -> tuple[DFlashDraftModel, torch.Tensor | None]:
+        """Load the `init_from` draft into `draft`. A deeper run keeps the source's layers and appends new ones
+        whose residual writes (o_proj, down_proj) start at 0, so at step 0 it computes exactly the source
+        draft's function: depth grows without losing what was learned."""
+        src, vocab = load_draft(self.cfg.init_from)
+        shape = lambda c: c.to_hf_dict() | {"block_size": 0, "num_hidden_layers": 0}  # noqa: E731
+        grown = self.dcfg.num_hidden_layers - src.config.num_hidden_layers
+        if shape(src.config) != shape(self.dcfg) or grown < 0:
+            raise ValueError(f"init_from: {self.cfg.init_from} has another architecture than this run")
+        missing, unexpected = draft.load_state_dict(src.state_dict(), strict=False)
+        new = {f"layers.{i}." for i in range(src.config.num_hidden_layers, self.dcfg.num_hidden_layers)}
+        assert not unexpected and all(k[:k.index(".", 7) + 1] in new for k in missing), (missing, unexpected)
+        for layer in draft.layers[src.config.num_hidden_layers:]:
+            torch.nn.init.zeros_(layer.self_attn.o_proj.weight)
+            torch.nn.init.zeros_(layer.mlp.down_proj.weight)
+        return draft, vocab if self.cfg.draft_vocab else None
 
     # -- one batch --------------------------------------------------------------------------------------
     def seq_loss(self, seq: dict, gen: torch.Generator, partial_prob: float) -> tuple[torch.Tensor, dict] | None:

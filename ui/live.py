@@ -1,0 +1,59 @@
+"""A live run's look, pacing and status lines: how a run is shown (`RunLook`), when a streaming run redraws
+(`FrameThrottle`), and what the status line says while it streams and when it ends."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from dflash import events as ev
+from ui import render
+
+
+@dataclass(frozen=True)
+class RunLook:
+    """How a run is shown: with its rejected draft tokens or not, recorded for step mode or animated, and the
+    hardware line of its statistics."""
+
+    show_rejected: bool
+    step_mode: bool
+    hw: str
+
+
+class FrameThrottle:
+    """When a live run redraws: after a block's commit (the inspector then shows a whole block with its verdict),
+    and after each denoising pass only when `watch_steps` (several passes to watch); at most every `refresh_s`.
+    The charts, whose every redraw remounts them, only at commits and at most every `plot_refresh_s`."""
+
+    def __init__(self, refresh_s: float, plot_refresh_s: float, watch_steps: bool = False):
+        self.refresh_s, self.plot_refresh_s, self.watch_steps = refresh_s, plot_refresh_s, watch_steps
+        self._last = self._last_plot = -math.inf  # the first commit is always drawn
+
+    def due(self, e: ev.Event) -> tuple[bool, bool]:
+        """(redraw after event `e`, with the charts)."""
+        if not (isinstance(e, ev.Commit) or (self.watch_steps and isinstance(e, ev.DraftStep))):
+            return False, False
+        now = time.monotonic()
+        if now - self._last < self.refresh_s:
+            return False, False
+        self._last = now
+        charts = isinstance(e, ev.Commit) and now - self._last_plot >= self.plot_refresh_s
+        if charts:
+            self._last_plot = now
+        return True, charts
+
+
+def live_status(events: list, what: str = "Generating") -> str:
+    commits = [e for e in events if isinstance(e, ev.Commit)]
+    if not commits:
+        return f"{what}: reading the prompt…"
+    blocks = [e for e in events if isinstance(e, ev.Verify)]
+    return f"{what}: {commits[-1].n_out} tokens, {len(blocks)} verify steps…"
+
+
+def final_status(events: list) -> str:
+    fin = render.finished(events)
+    s = render.run_stats(events)
+    return (f"**{render.finish_words(fin)}** {s['n_output_tokens']} tokens in {s['total_ms'] / 1000:.1f} s · "
+            f"τ {s['tau']:.2f} · {s['tokens_per_s']:.1f} tok/s")

@@ -1,0 +1,166 @@
+"""The page's events: which ui/handlers.py method each control runs, with which inputs and outputs, under the
+serving rules (Generate and Compare share one "engine" slot, Stop runs outside the queue), and how handler
+errors reach users (their own messages as they are, anything else as a generic `gr.Error` without internals).
+
+`ui` is the dict of components that the panels of ui/layout.py return, keyed by the names handlers use: the
+view and output names of `OUT_KEYS`, the control names of `CONTROL_KEYS`, and the buttons.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import gradio as gr
+
+from ui.engines import EngineProvider
+from ui.handlers import CONTROL_KEYS, STOPPED_IN_QUEUE, USER_ERRORS, VIEW_KEYS, Playground
+
+log = logging.getLogger("dflash.ui")
+
+GENERIC_ERROR = "Something went wrong on the server (the details were logged). Please try again."
+
+# The outputs of every handler that redraws the page, in the order the API returns them.
+OUT_KEYS = VIEW_KEYS + ("trace", "history", "history_table", "replay", "replay_label", "inspect_block",
+                        "export_trace", "export_metrics", "export_history")
+
+
+def _errors(fn: Callable[..., Any]) -> Any:
+    """Run a handler; messages written for users go out as they are, anything else as a generic gr.Error."""
+    try:
+        return fn()
+    except (gr.Error, StopIteration):
+        raise
+    except USER_ERRORS as exc:
+        raise gr.Error(str(exc), print_exception=False) from None
+    except Exception:  # never show internals
+        log.exception("playground handler failed")
+        raise gr.Error(GENERIC_ERROR, print_exception=False) from None
+
+
+def _stream_errors(gen: Iterator[Any]) -> Iterator[Any]:
+    it = iter(gen)
+    while True:
+        try:
+            item = _errors(lambda: next(it))
+        except StopIteration:
+            return
+        yield item
+
+
+def pack(out: dict[str, Any]) -> tuple:
+    """A handler's dict of views → the tuple of `OUT_KEYS` outputs, `gr.skip()` for the keys it leaves out."""
+    return tuple(out[k] if k in out else gr.skip() for k in OUT_KEYS)
+
+
+def acceptance_label(value: Any) -> str:
+    try:
+        lossy = float(value) < 1.0
+    except (TypeError, ValueError):
+        lossy = False
+    return "Acceptance threshold — LOSSY below 1.0" if lossy else "Acceptance threshold — 1.0 = exact (lossless)"
+
+
+def block_updates(size: int | None) -> tuple:
+    """(block size, max block size) for a newly chosen preset: its draft's block size, as the defaults set both;
+    left as they are when the preset's block size is unknown."""
+    return (gr.update(value=size), gr.update(value=size)) if size else (gr.skip(), gr.skip())
+
+
+def wire(demo: gr.Blocks, pg: Playground, ui: dict[str, Any], initial: dict[str, Any]) -> Any:
+    """Connect every event of the page; `initial` holds the controls' starting values (Reset restores them).
+    Returns Generate's click event."""
+    outputs = [ui[k] for k in OUT_KEYS]
+    gen_event = _wire_generation(pg, ui, outputs)
+    _wire_settings(pg.engines, ui, initial)
+    _wire_replay(pg, ui, outputs)
+
+    def on_unload(request: gr.Request):  # closing the tab stops its run
+        pg.runs.forget(request.session_hash)
+
+    demo.unload(on_unload)
+    return gen_event
+
+
+def _wire_generation(pg: Playground, ui: dict[str, Any], outputs: list) -> Any:
+    """Generate (button and Enter), Compare and Stop."""
+    # `inputs`: the controls' values by their CONTROL_KEYS name, and the run history. (No docstring: Gradio would
+    # show it on the API page.)
+    def on_generate(request: gr.Request, **inputs: Any):
+        history = inputs.pop("history")
+        for out in _stream_errors(pg.generate(inputs, history, request.session_hash)):
+            yield pack(out)
+
+    def on_compare(trace_v, history_v, show_v, request: gr.Request):
+        for out in _stream_errors(pg.compare(trace_v, history_v, bool(show_v), request.session_hash)):
+            yield pack(out)
+
+    def admit(request: gr.Request, *values: Any, **named: Any) -> list:
+        """The validator of Generate and Compare, which Gradio runs as a request enters the queue: it tells
+        Stop that the session has a request waiting. Validation itself stays in the handler (it names the
+        parameter, and a raw payload may hold anything)."""
+        pg.runs.admit(request.session_hash)
+        return [gr.validate(True, "")] * (len(values) + len(named))
+
+    def on_stop(request: gr.Request) -> Any:
+        said = pg.stop(request.session_hash)
+        # A started run reports "stopped by the user" in its own last update, which a reply from here could
+        # overwrite (it may arrive later); a request stopped in the queue says so only when its turn comes.
+        return said if said == STOPPED_IN_QUEUE else gr.skip()
+
+    # Values by name (inputs_kwargs), in the API's parameter order: the controls, then the history State, which
+    # clients do not send. Not a set of inputs: Gradio orders those by creation, which would reorder the API.
+    gen_inputs = {**{k: ui[k] for k in CONTROL_KEYS}, "history": ui["history"]}
+    # One generation at a time on this server; raw payloads (preprocess=False) so that our own validation names
+    # the parameter, NaN included.
+    run = {"outputs": outputs, "show_progress": "hidden", "validator": admit, "concurrency_id": "engine",
+           "concurrency_limit": 1}
+    gen_event = ui["generate"].click(on_generate, inputs_kwargs=gen_inputs, api_name="generate", preprocess=False, **run)
+    ui["prompt"].submit(on_generate, inputs_kwargs=gen_inputs, api_visibility="private", preprocess=False, **run)
+    ui["compare"].click(on_compare, [ui["trace"], ui["history"], ui["show_rejected"]], api_name="compare", **run)
+    # Outside the queue, so that it reaches a run at once; it stops the session's queued requests too.
+    ui["stop"].click(on_stop, None, ui["status"], api_name="stop", queue=False, show_progress="hidden")
+    return gen_event
+
+
+def _wire_settings(provider: EngineProvider, ui: dict[str, Any], initial: dict[str, Any]) -> None:
+    """Reset, the acceptance label that warns about lossy settings, and what a preset change updates."""
+    ui["reset"].click(lambda: tuple(initial[k] for k in CONTROL_KEYS), None, [ui[k] for k in CONTROL_KEYS],
+                      api_name="reset", queue=False)
+    acceptance, preset = ui["acceptance"], ui["preset"]
+    acceptance.change(lambda v: gr.update(label=acceptance_label(v)), acceptance, acceptance, queue=False,
+                      api_visibility="private", show_progress="hidden")
+    preset.change(lambda p: provider.notice(p) if provider.loaded(p) is not None else
+                  f"Preset **{p}** loads on the first Generate (it needs a GPU and hub access).",
+                  preset, ui["notice"], queue=False, api_visibility="private")
+    preset.change(lambda p: block_updates(provider.block_size(p)), preset, [ui["block_size"], ui["max_block"]],
+                  queue=False, api_visibility="private", show_progress="hidden")
+
+
+def _wire_replay(pg: Playground, ui: dict[str, Any], outputs: list) -> None:
+    """Bundled and uploaded traces, the step slider and buttons, Play, the block picker and the rejected switch."""
+    show = ui["show_rejected"]
+    replay_inputs = [ui["trace"], ui["replay"], ui["inspect_block"], show]
+    quiet = {"show_progress": "hidden"}
+
+    def on_play(trace_v, frame_v, block_v, show_v, request: gr.Request):
+        for out in _stream_errors(pg.play(trace_v, frame_v, block_v, bool(show_v), request.session_hash)):
+            yield pack(out)
+
+    ui["load_trace"].click(lambda label, show_v: pack(_errors(lambda: pg.load_bundled(label, bool(show_v)))),
+                           [ui["trace_select"], show], outputs, api_name="load_trace")
+    ui["upload"].upload(lambda path, show_v: pack(_errors(lambda: pg.load_upload(path, bool(show_v)))),
+                        [ui["upload"], show], outputs, api_name="upload_trace")
+    ui["replay"].release(lambda t, f, b, s: pack(_errors(lambda: pg.show_frame(t, f, b, bool(s)))), replay_inputs,
+                         outputs, api_name="show_frame", **quiet)
+    ui["prev"].click(lambda t, f, b, s: pack(_errors(lambda: pg.step(t, f, -1, b, bool(s)))), replay_inputs, outputs,
+                     api_name="step_prev", **quiet)
+    ui["next"].click(lambda t, f, b, s: pack(_errors(lambda: pg.step(t, f, 1, b, bool(s)))), replay_inputs, outputs,
+                     api_name="step_next", **quiet)
+    ui["play"].click(on_play, replay_inputs, outputs, api_name="play", concurrency_limit=8, **quiet)
+    ui["inspect_block"].release(lambda t, f, b, s: pack(_errors(lambda: pg.show_frame(t, f, b, bool(s), charts=False))),
+                                replay_inputs, outputs, api_visibility="private", **quiet)
+    ui["show_rejected"].change(
+        lambda t, f, b, s: pack(_errors(lambda: pg.show_frame(t, f, b, bool(s), charts=False)) if t else {}),
+        replay_inputs, outputs, api_visibility="private", **quiet)
