@@ -55,6 +55,7 @@ class Drafter:
                  vocab_size: int, head: PackedLinear | None = None):
         self.draft = draft
         self.embed = embed
+        self.lm_head_weight = lm_head_weight  # [V, H] the target's (shared, not copied)
         self.mask_id = draft.config.mask_token_id
         self.vocab_size = vocab_size
         # FR-Spec-style restricted head: only the rows of the target LM head for `vocab_ids` (our extension).
@@ -129,3 +130,37 @@ class Drafter:
             if not any(masked):
                 break
         return Proposal(tokens[1:], conf[1:], q, steps, (time.perf_counter() - t0) * 1000)
+
+
+class ScriptedDrafter(Drafter):
+    """A diagnostic drafter that proposes a known token for each absolute position (`token_at`), while its context
+    handling (the draft model's K/V cache) stays that of `base`. With the target's own output as the script
+    (`OracleDrafter`) every block is accepted whole, which runs the multi-token accept path and the cache crops
+    that an untrained draft never reaches: the tests and scripts/gpu_check.py use it for that."""
+
+    def __init__(self, base: Drafter, full_sequence: list[int]):
+        super().__init__(base.draft, base.embed, base.lm_head_weight, base.vocab_ids, base.vocab_size)
+        self.full = list(full_sequence)  # prompt + the continuation to propose
+        self.calls: list[tuple[int, int, int]] = []  # (start, size, len(cache)) per propose
+
+    def reference(self, t: int) -> int:
+        return self.full[t] if t < len(self.full) else 0
+
+    def token_at(self, t: int) -> int:
+        raise NotImplementedError
+
+    def propose(self, cache: DraftCache, anchor: int, start: int, size: int, n_steps: int, threshold: float,
+                sample: dict | None) -> Proposal:
+        self.calls.append((start, size, len(cache)))
+        tokens = [self.token_at(t) for t in range(start + 1, start + size)]
+        step = {"step": 0, "n_steps": n_steps, "start": start, "tokens": [anchor] + tokens,
+                "confidences": [1.0] * size, "masked": [False] * size, "committed": [False] + [True] * (size - 1),
+                "ms": 0.0}
+        return Proposal(tokens, [1.0] * len(tokens), None, [step], 0.0)
+
+
+class OracleDrafter(ScriptedDrafter):
+    """Always proposes the scripted continuation (give it the target's own output: every block is accepted)."""
+
+    def token_at(self, t: int) -> int:
+        return self.reference(t)

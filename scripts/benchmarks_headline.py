@@ -51,7 +51,7 @@ def verdict() -> str:
             f"{span(sp['dflash'])}× the autoregressive baseline ({faster}); transformers' prompt lookup at "
             f"{span(sp['hf-prompt-lookup'])}× and `hf-generate` at {span(sp['hf-generate'])}× of `ar`; greedy outputs "
             f"identical to `ar`: {n_same} of {n_all} comparisons.** Break-even needs τ above the verify's cost ratio "
-            "(see the profile below).")
+            "(see \"The verify's cost on a CPU\" below).")
 
 
 def knob_verdict() -> str:

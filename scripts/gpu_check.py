@@ -5,10 +5,13 @@ Checks, each recorded in <out>/gpu_check.json and summarised in <out>/gpu_check.
    kernels' div_rn) over vocabularies 257 … 49152, blocks 1/4/16, batch 1 and 4, float32 and bfloat16 logits,
    greedy / Gumbel / relaxed / top-k / top-p / speculative sampling; plus the per-call cost of the dispatch with
    the kernel and with the reference on the device (synchronised, after warm-up).
-2. lossless_fp32 — greedy DFlash == target-only on the default models in float32 (divergences reported with the
+2. oracle_accept — the draft's proposals scripted to be the target's own output (greedy and sampled), so every
+   block must be accepted whole: the multi-token accept path and the cache crops run even on random weights;
+   output must equal the target-only run, with the kernels and with the reference verification.
+3. lossless_fp32 — greedy DFlash == target-only on the default models in float32 (divergences reported with the
    target's top-1/top-2 probability gap at the first differing token).
-3. bf16_match — the same in bfloat16: match rate, and every divergence must be a near-tie (gap < 0.05).
-4. speed — tokens/s of the autoregressive baseline and DFlash at block sizes 8 and 16 (and 16 with the
+4. bf16_match — the same in bfloat16: match rate, and every divergence must be a near-tie (gap < 0.05).
+5. speed — tokens/s of the autoregressive baseline and DFlash at block sizes 8 and 16 (and 16 with the
    reference verification), bf16 on CUDA, warm-up first, runs interleaved, `torch.cuda.synchronize()` around
    every timed run. Also written as <out>/speed.md.
 
@@ -34,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MATCH_SETTINGS = [(0.0, 0, 1.0, 1.0), (0.0, 0, 1.0, 0.6), (0.7, 0, 1.0, 1.0), (0.9, 50, 1.0, 1.0), (1.1, 0, 0.8, 1.0),
                   (1.3, 40, 0.6, 0.4)]  # (temperature, top_k, top_p, acceptance threshold)
 SPEC_SETTINGS = [(0.0, 0, 1.0), (0.7, 0, 1.0), (0.9, 50, 1.0), (1.1, 0, 0.8), (1.3, 40, 0.6)]
+CHECKS = ("kernel_parity", "oracle_accept", "lossless_fp32", "bf16_match", "speed")
 FALLBACK_PROMPTS = [  # used when the MT-Bench package is not installed (e.g. on the device machine)
     "Explain in three sentences why the sky is blue.", "Write a Python function that reverses a linked list.",
     "List five tips for writing clear technical documentation.", "What is the difference between a list and a tuple?",
@@ -266,6 +270,36 @@ def _lossless(args, device: str, dtype: str, tie_limit: float) -> dict:
             "match_rate": identical / len(reqs), "divergences": divergences, "near_tie_limit": tie_limit}
 
 
+def check_oracle(args, device: str) -> dict:
+    """The multi-token accept path and the cache crops, which a random or weak draft never reaches: the draft's
+    proposals are scripted to be the target's own output (greedy, and sampled with the same seed), so every block
+    must be accepted whole and the output must equal the target-only run, with the kernels and the reference."""
+    from dflash.drafter import OracleDrafter
+    from dflash.events import Verify
+
+    engine, desc = build_engine(args, device, "float32")
+    real = engine.drafter
+    runs, failures = 0, []
+    for mode in ("auto", "reference"):
+        os.environ["DFLASH_KERNELS"] = mode
+        for req in requests_for(engine, args.prompts, args.tokens * 2, block_size=8) + requests_for(
+                engine, 1, args.tokens * 2, block_size=8, temperature=0.7, seed=3):
+            engine.use_drafter(real)
+            ar = engine.generate(dataclasses.replace(req, use_draft=False))
+            engine.use_drafter(OracleDrafter(real, engine.prompt_ids(req) + ar.output_ids))
+            fast = engine.generate(req)
+            runs += 1
+            end = len(engine.prompt_ids(req)) + len(ar.output_ids) - 1  # blocks past the output's end may fall short
+            partial = [e.block for e in fast.events
+                       if isinstance(e, Verify) and e.accepted_len < len(e.draft_tokens) and e.start + len(e.draft_tokens) < end]
+            if fast.output_ids != ar.output_ids or partial or fast.finish_reason == "error":
+                failures.append({"kernels": mode, "temperature": req.temperature, "message": fast.message,
+                                 "identical": fast.output_ids == ar.output_ids, "blocks_not_accepted_whole": partial})
+    engine.use_drafter(real)
+    os.environ["DFLASH_KERNELS"] = "auto"
+    return {"ok": not failures, "models": desc, "runs": runs, "failures": failures}
+
+
 def check_lossless_fp32(args, device: str) -> dict:
     # float32: a flip needs an exact-to-rounding tie; anything above 1e-4 would be a logic error.
     return _lossless(args, device, "float32", 1e-4)
@@ -342,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     info = env_info(device)
     results: dict = {"env": info, "quick": quick}
     print(json.dumps(info), flush=True)
-    for name, check in (("kernel_parity", check_kernel_parity), ("lossless_fp32", check_lossless_fp32),
+    for name, check in (("kernel_parity", check_kernel_parity), ("oracle_accept", check_oracle),
+                        ("lossless_fp32", check_lossless_fp32),
                         ("bf16_match", check_bf16_match), ("speed", check_speed)):
         t0 = time.perf_counter()
         try:
@@ -355,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         (out / "gpu_check.json").write_text(json.dumps(results, indent=2))
     summary = [f"# GPU check — {info.get('gpu', device)} — {info['date']}", "",
                f"torch {info['torch']}, triton {info['triton']}, transformers {info['transformers']}; quick={quick}", ""]
-    for name in ("kernel_parity", "lossless_fp32", "bf16_match", "speed"):
+    for name in CHECKS:
         r = results[name]
         summary.append(f"- **{name}**: {'ok' if r['ok'] else 'FAILED'} ({r['seconds']} s)"
                        + (f" — {r['error']}" if "error" in r else ""))
@@ -365,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         summary += ["", speed_md]
     (out / "gpu_check.md").write_text("\n".join(summary) + "\n")
     print("\n".join(summary), flush=True)
-    return 0 if all(results[n]["ok"] for n in ("kernel_parity", "lossless_fp32", "bf16_match", "speed")) else 1
+    return 0 if all(results[n]["ok"] for n in CHECKS) else 1
 
 
 if __name__ == "__main__":

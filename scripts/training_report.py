@@ -9,7 +9,7 @@ Every number in TRAINING.md comes from these files (nothing is typed by hand):
   <run>/curve.jsonl              real-loop τ at the log-spaced snapshots (scripts/training_curve.py)
   eval-*.json                    `train eval --output` (real loop, interleaved with the no-draft loop)
 The shipped draft comes from the runs named in results/training/shipped.json ({"lineage": [first run, warm-started
-run, ...], "ablations": [...]}; an older file names one "run").
+run, ...], "also": [runs on the τ curve that were not shipped], "ablations": [...]}; an older file names one "run").
 """
 
 from __future__ import annotations
@@ -60,8 +60,9 @@ def fmt(x, spec: str = ".3f") -> str:
     return "" if x is None else format(x, spec)
 
 
-def curve_rows(runs: list[str]) -> list[str]:
-    """One row per snapshot of every run in the lineage; positions count the earlier runs' too (a warm start)."""
+def curve_rows(runs: list[str], not_shipped: tuple[str, ...] = ()) -> list[str]:
+    """One row per snapshot of every run in the lineage (and of the runs not shipped); positions count the earlier
+    runs' too (a warm start)."""
     rows = ["| run | step | supervised positions | loss (50-step mean) | train acc | held-out τ_tf | real-loop τ "
             "| histogram (accepted + 1) |",
             "|---|---|---|---|---|---|---|---|"]
@@ -69,7 +70,8 @@ def curve_rows(runs: list[str]) -> list[str]:
         log = jsonl(RES / run / "train_log.jsonl.gz")
         for c in sorted(jsonl(RES / run / "curve.jsonl"), key=lambda r: r["step"]):
             hist = " / ".join(f"{k}: {v}" for k, v in c["histogram"].items())
-            rows.append(f"| {run} | {c['step']:,} | {int(c['positions']):,} | {fmt(window_mean(log, c['step'], 'loss'))} | "
+            name = f"{run} (not shipped)" if run in not_shipped else run
+            rows.append(f"| {name} | {c['step']:,} | {int(c['positions']):,} | {fmt(window_mean(log, c['step'], 'loss'))} | "
                         f"{fmt(window_mean(log, c['step'], 'acc'))} | {fmt(nearest(log, c['step'], 'tau_tf'))} | "
                         f"**{c['tau']:.3f}** | {hist} |")
     return rows
@@ -111,8 +113,10 @@ def ablation_sections(shipped: dict) -> str:
     groups = shipped.get("ablations", [])
     if groups and "run" in groups[0]:  # the older layout: one group of runs
         groups = [{"step": shipped.get("ablation_step", 1000), "text": "", "runs": groups}]
-    return "\n\n".join((g["text"] + "\n\n" if g["text"] else "") + "\n".join(ablation_rows(g["runs"], g["step"]))
-                       for g in groups)
+    body = "\n\n".join((g["text"] + "\n\n" if g["text"] else "") + "\n".join(ablation_rows(g["runs"], g["step"]))
+                         for g in groups)
+    cmds = shipped.get("ablation_commands", [])
+    return body + ("\n\nCommands:\n\n" + "\n".join(f"    {c}" for c in cmds) if cmds else "")
 
 
 def budget_text() -> str:
@@ -202,7 +206,8 @@ def main() -> None:
     seconds = sum(wall_seconds(lg, [r["step"] for r in st]) for _, st, lg in segs)
     hours = seconds / 3600
     ev_rows, ev = eval_rows()
-    slope, last_tau, last_pos = slope_per_doubling(runs)
+    also = shipped.get("also", [])  # runs on the same held-out set that were not shipped (they still inform the curve)
+    slope, last_tau, last_pos = slope_per_doubling(runs + also)
     flags = ", ".join(machine.get("cpu_flags") or [])
     fit_cmds = shipped.get("fit_commands") or [shipped.get("fit_command", "")]
     text = TEMPLATE.format(
@@ -210,7 +215,7 @@ def main() -> None:
         steps=steps, positions=int(sum(r.get("positions", 0) for _, _, lg in segs for r in lg)), hours=hours,
         corpus_tokens=starts[0]["corpus_tokens"], corpus_seqs=starts[0]["corpus_sequences"],
         vocab=starts[0]["draft_vocab"], cfg=json.dumps({k: v for k, v in cfg.items() if k not in ("data", "out")}),
-        fit_cmd="\n    ".join(fit_cmds), curve_table="\n".join(curve_rows(runs)), curve_cmd="\n    ".join(
+        fit_cmd="\n    ".join(fit_cmds), curve_table="\n".join(curve_rows(runs + also, tuple(also))), curve_cmd="\n    ".join(
             shipped.get("curve_commands") or [shipped.get("curve_command", "")]),
         ablation_sections=ablation_sections(shipped), budget=budget_text(), layers=cfg["layers"],
         eval_table="\n".join(ev_rows), eval_cmds="\n".join(f"    {c}" for c in shipped.get("eval_commands", [])),
@@ -276,7 +281,8 @@ Commands:
 
 ShareGPT's recorded replies, each run once through the target: first turns (`--turns first`, prompt ≤ 160
 tokens) and, in the `later` set, the second and later replies of a conversation with the earlier turns as the
-prompt (`--turns later`, prompt ≤ 384 tokens); replies ≤ 256 tokens. The label of every position is the **target's own greedy prediction** there. Shards are
+prompt (`--turns later`, prompt ≤ 384 tokens), and, in the `long` set, first turns with prompts of 161–512 tokens
+(`--min-prompt-tokens 160 --max-prompt-tokens 512`, disjoint from the first set); replies ≤ 256 tokens. The label of every position is the **target's own greedy prediction** there. Shards are
 length-sorted inside windows of 32 batches, so any prefix of the shards is a fair sample of the whole set.
 The held-out ShareGPT split (2 %, chosen by a hash of the conversation id) is never used for training.
 
@@ -302,7 +308,8 @@ greedy continuation from the anchor — what the drafted block must match at inf
 ## τ against supervised positions
 
 Real-loop τ of the snapshots kept at steps 250·2^k of each run (and its last step), on a fixed held-out set;
-a warm-started run's positions include those of the run it started from. The held-out τ_tf column is measured on
+a warm-started run's positions include those of the runs it started from; a run marked "not shipped" continued
+the lineage and did not beat it. The held-out τ_tf column is measured on
 each run's own held-out shards (the last shard of each data directory), so it compares points within a run only.
 
 ![τ curve](tau_curve.png)

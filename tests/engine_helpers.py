@@ -1,8 +1,8 @@
 """Shared helpers for the engine tests: independent references and scripted drafters.
 
 The references never go through `Engine`: greedy uses transformers' own `generate`, sampling a plain
-no-cache loop with the per-position noise of `dflash.sampling`. Scripted drafters replace only the draft's
-*proposals* (the engine, target and verification stay real), so an oracle (always right) and an adversary
+no-cache loop with the per-position noise of `dflash.sampling`. Scripted drafters (dflash.drafter) replace only the
+draft's *proposals* (the engine, target and verification stay real), so an oracle (always right) and an adversary
 (always wrong) exercise full acceptance and full rejection of every block.
 """
 
@@ -14,7 +14,7 @@ import torch
 
 from dflash.adaptive import Controller
 from dflash.draft import DFlashDraftModel, DraftCache, DraftConfig
-from dflash.drafter import Drafter, Proposal
+from dflash.drafter import OracleDrafter, ScriptedDrafter  # noqa: F401 — re-exported for the tests
 from dflash.engine import Engine
 from dflash.events import Commit, Finished
 from dflash.sampling import GUMBEL_TARGET, filter_logits, gumbel_noise
@@ -50,38 +50,6 @@ def reference_sample(target: Target, prompt: list[int], n: int, temperature: flo
     return seq[len(prompt):]
 
 
-class ScriptedDrafter(Drafter):
-    """A drafter whose proposal for absolute position t is `self.token_at(t)`; context handling stays real."""
-
-    def __init__(self, engine: Engine, full_sequence: list[int]):
-        d = engine.drafter
-        super().__init__(d.draft, d.embed, engine.target.lm_head_weight, d.vocab_ids, d.vocab_size)
-        self.full = list(full_sequence)  # prompt + the target's own continuation
-        self.calls: list[tuple[int, int, int]] = []  # (start, size, len(cache)) per propose
-
-    def reference(self, t: int) -> int:
-        return self.full[t] if t < len(self.full) else 0
-
-    def token_at(self, t: int) -> int:
-        raise NotImplementedError
-
-    def propose(self, cache: DraftCache, anchor: int, start: int, size: int, n_steps: int, threshold: float,
-                sample: dict | None) -> Proposal:
-        self.calls.append((start, size, len(cache)))
-        tokens = [self.token_at(t) for t in range(start + 1, start + size)]
-        step = {"step": 0, "n_steps": n_steps, "start": start, "tokens": [anchor] + tokens,
-                "confidences": [1.0] * size, "masked": [False] * size, "committed": [False] + [True] * (size - 1),
-                "ms": 0.0}
-        return Proposal(tokens, [1.0] * len(tokens), None, [step], 0.0)
-
-
-class OracleDrafter(ScriptedDrafter):
-    """Always proposes the target's own continuation."""
-
-    def token_at(self, t: int) -> int:
-        return self.reference(t)
-
-
 class AdversarialDrafter(ScriptedDrafter):
     """Always proposes a wrong token: (the target's own token + 1) mod V."""
 
@@ -91,7 +59,9 @@ class AdversarialDrafter(ScriptedDrafter):
 
 def with_drafter(engine: Engine, cls: type[ScriptedDrafter] | None, full_sequence: list[int]) -> Engine:
     """Draft with a scripted drafter (None: with the drafter over the engine's own draft model)."""
-    engine.use_drafter(None if cls is None else cls(engine, full_sequence))
+    engine.use_drafter(None)  # the drafter over the engine's own draft model: the scripted one's base
+    if cls is not None:
+        engine.use_drafter(cls(engine.drafter, full_sequence))
     return engine
 
 

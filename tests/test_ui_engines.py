@@ -41,8 +41,7 @@ def test_block_size_of_presets_not_loaded_comes_from_the_registry():
 def test_block_size_of_a_loaded_preset_is_its_drafts():
     provider = EngineProvider({"default": tiny_text_engine(block_size=4)})
     assert provider.block_size("default") == 4
-    bare = tiny_text_engine(block_size=4)
-    bare.drafter = bare.draft = None
+    bare = tiny_text_engine(draft=False)
     assert EngineProvider({"default": bare}).block_size("default") is None  # no draft: nothing to follow
 
 

@@ -29,11 +29,11 @@ def char_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
 
 
-def tiny_text_engine(block_size: int = 8, seed: int = 0, name: str = "tiny") -> Engine:
-    """A tiny random Llama target with a character tokenizer and a tiny random DFlash draft."""
+def tiny_text_engine(block_size: int = 8, seed: int = 0, name: str = "tiny", draft: bool = True) -> Engine:
+    """A tiny random Llama target with a character tokenizer and (unless draft=False) a tiny random DFlash draft."""
     base = tiny_target("llama", seed=seed)
     target = Target(base.model, char_tokenizer(), name=name)
-    return Engine(target, tiny_draft(target, block_size=block_size, seed=seed + 1), name=name)
+    return Engine(target, tiny_draft(target, block_size=block_size, seed=seed + 1) if draft else None, name=name)
 
 
 def default_target():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from dflash.errors import ValidationError
 from dflash.registry import SMOLLM2_GGUF
 
 DEFAULT_LAYERS = "1,8,14,15,21,27"  # a superset, so drafts of 1-3 layers can be ablated on one data set
@@ -25,8 +26,10 @@ def cmd_data(args: argparse.Namespace) -> int:
 def cmd_data_tf(args: argparse.Namespace) -> int:
     from dflash.training.data import run_teacher_forced
 
+    if not 0 <= args.min_prompt_tokens < args.max_prompt_tokens:
+        raise ValidationError("--min-prompt-tokens", "must be >= 0 and below --max-prompt-tokens")
     run_teacher_forced(args.target, args.out, args.conversations, _ints(args.layers), args.batch_size,
-                       args.max_prompt_tokens, args.max_response_tokens, args.threads, args.turns)
+                       args.max_prompt_tokens, args.max_response_tokens, args.threads, args.turns, args.min_prompt_tokens)
     return 0
 
 
@@ -53,6 +56,8 @@ def add_parser(sub) -> None:
     t.add_argument("--layers", default=DEFAULT_LAYERS)
     t.add_argument("--batch-size", type=int, default=16)
     t.add_argument("--max-prompt-tokens", type=int, default=160)
+    t.add_argument("--min-prompt-tokens", type=int, default=0,
+                   help="keep only prompts longer than this (a set disjoint from one made with --max-prompt-tokens N=this)")
     t.add_argument("--max-response-tokens", type=int, default=256)
     t.add_argument("--threads", type=int)
     t.add_argument("--turns", choices=("first", "later", "all"), default="first",

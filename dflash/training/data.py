@@ -197,7 +197,7 @@ def sort_in_windows(rows: list, window: int, key) -> list:
 
 def run_teacher_forced(target: str, out_dir: str, n: int, layer_ids: list[int], batch_size: int = 16,
                        max_prompt_tokens: int = 160, max_response_tokens: int = 256, threads: int | None = None,
-                       turns: str = "first") -> None:
+                       turns: str = "first", min_prompt_tokens: int = 0) -> None:
     """Cheap extra data: ShareGPT's recorded replies, one teacher-forced target pass each (no generation), with
     the target's own next-token predictions stored as labels (`target_pred`). Off-policy contexts, on-policy
     labels: one forward pass per sequence instead of one per token, so several times more tokens per CPU second
@@ -217,7 +217,7 @@ def run_teacher_forced(target: str, out_dir: str, n: int, layer_ids: list[int], 
     pairs = sharegpt_pairs("train") if turns == "first" else sharegpt_dialogues("train", turns)
     for prompt, reply in pairs:
         p = chat_ids(tokenizer, prompt)
-        if not reply or len(p) > max_prompt_tokens:
+        if not reply or not min_prompt_tokens < len(p) <= max_prompt_tokens:
             continue
         r = tokenizer(reply, add_special_tokens=False)["input_ids"][:max_response_tokens]
         rows.append((p, r + ([end] if len(r) < max_response_tokens and isinstance(end, int) else [])))
@@ -227,6 +227,7 @@ def run_teacher_forced(target: str, out_dir: str, n: int, layer_ids: list[int], 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"target": target, "layer_ids": layer_ids, "kind": "teacher-forced", "turns": turns,
+            "prompt_tokens": [min_prompt_tokens, max_prompt_tokens],
             "hidden_size": model.config.hidden_size,
             "num_target_layers": model.config.num_hidden_layers, "vocab_size": model.config.vocab_size}
     (out / "meta.json").write_text(json.dumps(meta, indent=2))
