@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The default draft's training campaign, stage by stage; every stage resumes where it stopped.
-#   bash scripts/train_default_draft.sh data|data-later|data-long|ablate|fit|warm|ablate-depth|deep|curve|curve-warm|curve-deep|plot|
+#   bash scripts/train_default_draft.sh data|data-later|data-long|data-later-long|ablate|fit|warm|ablate-depth|deep|curve|curve-warm|curve-deep|plot|
 #                                       collect|eval|report
 # Run one stage at a time with nothing else heavy on the machine (2 cores: a parallel job slows both 5-10x).
 # Long stages: nohup bash scripts/train_default_draft.sh fit > runs/fit.log 2>&1 &
@@ -24,6 +24,9 @@ case "${1:-}" in
   data-long)  # first turns with longer prompts (160 < prompt <= 512 tokens): disjoint from the `data` set
     $PY -m dflash train data-tf --out data/tf-long --conversations 30000 --layers 1,15,27 --min-prompt-tokens 160 \
       --max-prompt-tokens 512 --batch-size 16 --threads "$THREADS" ;;
+  data-later-long)  # later turns with longer histories (384 < prompt <= 1024 tokens): disjoint from `data-later`
+    $PY -m dflash train data-tf --out data/tf-later-long --turns later --conversations 30000 --layers 1,15,27 \
+      --min-prompt-tokens 384 --max-prompt-tokens 1024 --batch-size 16 --threads "$THREADS" ;;
   ablate)  # the same schedule, two variants, stopped at step 1000; the better one is resumed by `fit`
     $PY -m dflash train fit "${FIT[@]}" --onpolicy-blocks 0 --out runs/tf-all --stop-at 1000
     $PY -m dflash train fit "${FIT[@]}" --onpolicy-blocks 1 --out runs/onpolicy --stop-at 1000
@@ -75,6 +78,6 @@ case "${1:-}" in
     cp runs/${RUN:-warm}/{config.json,model.safetensors,draft_vocab.safetensors} assets/draft-smollm2-135m/ ;;
   report)
     $PY scripts/training_report.py ;;
-  *) echo "usage: $0 data|data-later|data-long|ablate|fit|warm|ablate-depth|deep|curve|curve-warm|curve-deep|plot|collect|eval|report" >&2
+  *) echo "usage: $0 data|data-later|data-long|data-later-long|ablate|fit|warm|ablate-depth|deep|curve|curve-warm|curve-deep|plot|collect|eval|report" >&2
      exit 2 ;;
 esac
