@@ -26,7 +26,7 @@ from dflash.drafter import Drafter, DraftProposer, Proposal
 from dflash.errors import BusyError, ModelLoadError, ValidationError
 from dflash.request import MAX_PROMPT_TOKENS, Request
 from dflash.stats import compute_stats
-from dflash.step import Run, StepResult, TextStream, verify_rule  # callers also import TextStream from here
+from dflash.step import Run, StepResult, TextStream, verify_rule
 from dflash.target import Target, chat_prompt_ids
 
 log = logging.getLogger("dflash")

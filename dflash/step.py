@@ -162,7 +162,3 @@ class StepResult:
     committed: list[int]  # tokens appended to the output (after stop / length truncation)
     outcome: StepOutcome  # block size, accepted drafts, draft and verify ms (the block-size controller's input)
     finish: str | None  # "eos", "stop" or "length" when the output ended with this block, else None
-
-    @property
-    def accepted(self) -> int:
-        return self.outcome.accepted_len

@@ -31,18 +31,24 @@ def jsonl(path: Path) -> list[dict]:
         return [json.loads(x) for x in f if x.strip()]
 
 
-def data_rows() -> list[str]:
-    rows = ["| set | shards | response tokens | wall time | response tok/s | command |", "|---|---|---|---|---|---|"]
+def data_logs() -> list[tuple[str, tuple[str, str, str, str], str]]:
+    """Each data stage's log: (set name, its last progress line's (shard, of, tokens, tok/s), its command). A log
+    counts the tokens of its own run (a resumed run starts at 0)."""
+    out = []
     for log in sorted(RES.glob("data-*.log")):
         text = log.read_text()
         hits = re.findall(r"shard (\d+)/(\d+).*?: (\d+) response tokens, ([\d.]+) tok/s", text)
         cmd = re.search(r"^# command: (.*)$", text, re.M)
-        if not hits:
-            continue
-        shard, total, tokens, rate = hits[-1]
+        if hits:
+            out.append((log.stem[5:], hits[-1], cmd.group(1) if cmd else "?"))
+    return out
+
+
+def data_rows() -> list[str]:
+    rows = ["| set | shards | response tokens | wall time | response tok/s | command |", "|---|---|---|---|---|---|"]
+    for name, (shard, total, tokens, rate), cmd in data_logs():
         secs = int(tokens) / float(rate)
-        rows.append(f"| {log.stem[5:]} | {shard} of {total} | {int(tokens):,} | {secs / 60:.0f} min | {float(rate):.0f} | "
-                    f"`{cmd.group(1) if cmd else '?'}` |")
+        rows.append(f"| {name} | {shard} of {total} | {int(tokens):,} | {secs / 60:.0f} min | {float(rate):.0f} | `{cmd}` |")
     return rows
 
 
@@ -122,10 +128,7 @@ def ablation_sections(shipped: dict) -> str:
 def budget_text() -> str:
     """The campaign's spend over every committed run (ablation runs included) and data set."""
     steps = sum(jsonl(p)[-1]["step"] for p in RES.glob("*/train_log.jsonl.gz"))
-    tokens = 0
-    for log in RES.glob("data-*.log"):  # each log counts the tokens of its own run (a resumed run starts at 0)
-        got = re.findall(r": (\d+) response tokens", log.read_text())
-        tokens += int(got[-1]) if got else 0
+    tokens = sum(int(last[2]) for _, last, _ in data_logs())
     return (f"Spent by the campaign so far, over every committed run and data log: **{steps:,} fit steps** and "
             f"**{tokens:,} target-labelled response tokens** generated (held-out shards included).")
 

@@ -12,7 +12,8 @@ import importlib.util
 import pytest
 from conftest import VOCAB, tiny_draft, tiny_target
 
-from dflash.engine import Engine, TextStream
+from dflash.engine import Engine
+from dflash.step import TextStream
 from dflash.events import Commit
 from dflash.request import Request
 from dflash.target import Target, chat_prompt_ids

@@ -157,13 +157,13 @@ class Trainer:
         draft's function: depth grows without losing what was learned."""
         src, vocab = load_draft(self.cfg.init_from)
         shape = lambda c: c.to_hf_dict() | {"block_size": 0, "num_hidden_layers": 0}  # noqa: E731
-        grown = self.dcfg.num_hidden_layers - src.config.num_hidden_layers
-        if shape(src.config) != shape(self.dcfg) or grown < 0:
+        kept = src.config.num_hidden_layers
+        if shape(src.config) != shape(self.dcfg) or kept > self.dcfg.num_hidden_layers:
             raise ValueError(f"init_from: {self.cfg.init_from} has another architecture than this run")
         missing, unexpected = draft.load_state_dict(src.state_dict(), strict=False)
-        new = {f"layers.{i}." for i in range(src.config.num_hidden_layers, self.dcfg.num_hidden_layers)}
-        assert not unexpected and all(k[:k.index(".", 7) + 1] in new for k in missing), (missing, unexpected)
-        for layer in draft.layers[src.config.num_hidden_layers:]:
+        new_layer = lambda k: k.startswith("layers.") and int(k.split(".")[1]) >= kept  # noqa: E731
+        assert not unexpected and all(map(new_layer, missing)), (missing, unexpected)
+        for layer in draft.layers[kept:]:
             torch.nn.init.zeros_(layer.self_attn.o_proj.weight)
             torch.nn.init.zeros_(layer.mlp.down_proj.weight)
         return draft, vocab if self.cfg.draft_vocab else None
