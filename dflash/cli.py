@@ -22,9 +22,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft", help="DFlash draft: local directory or hub id")
     g.add_argument("--no-draft", action="store_true", help="autoregressive baseline (same loop, no draft)")
     g.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-                   help="auto = bfloat16 on GPU, float32 on CPU (measured faster here for block verification)")
+                   help="auto = bfloat16 on GPU; on a CPU the faster of float32 (exact) and bfloat16 (fast: identical "
+                        "except at numerical ties), measured once per machine by the host probe and cached")
     g.add_argument("--device", help="cpu, cuda, cuda:1 … (default: cuda when available)")
-    g.add_argument("--threads", type=int, help="torch CPU threads")
+    g.add_argument("--threads", type=int, help="torch CPU threads (default: chosen by the host probe; DFLASH_THREADS "
+                                               "also fixes it)")
     g.add_argument("--quantize", choices=["4bit", "8bit"], help="load the target with bitsandbytes (CUDA only)")
     g.add_argument("--device-map", choices=["auto"], help="split a target larger than one GPU with accelerate (CUDA only)")
 
@@ -100,7 +102,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     engine, info = engine_from_args(args)
     if not args.json:
         print(f"[loaded {info['target']} in {info['target_load_s']:.1f} s on {info['device']}/{info['dtype']}"
-              + (f"; draft {info['draft']}" if "draft" in info else "; no draft") + "]", file=sys.stderr)
+              + (f"; draft {info['draft']}" if "draft" in info else "; no draft")
+              + (f"; {engine.host.summary()}" if engine.host else "") + "]", file=sys.stderr)
     cancel = threading.Event()
     fin = None
     # Ctrl-C asks the engine to stop after the current block (or prefill chunk): it finishes with reason "cancelled", so the partial
@@ -120,7 +123,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             trace.close()
     if args.json:
         print(json.dumps({"output_ids": fin.output_ids, "text": fin.text, "finish_reason": fin.reason,
-                          "message": fin.message, "stats": fin.stats}))
+                          "message": fin.message, "stats": fin.stats, "settings": info.get("host")}))
     else:
         s = fin.stats
         print(f"\n\n[{fin.reason}{': ' + fin.message if fin.message else ''}] {s['n_output_tokens']} tokens, "

@@ -28,6 +28,7 @@ from dflash.request import MAX_PROMPT_TOKENS, Request
 from dflash.stats import compute_stats
 from dflash.step import Run, StepResult, TextStream, verify_rule
 from dflash.target import Target, chat_prompt_ids
+from dflash.verify import top2_gap
 
 log = logging.getLogger("dflash")
 
@@ -100,6 +101,7 @@ class Engine:
         self.clock = time.monotonic  # injectable for deadline tests
         self.prefill_chunk = PREFILL_CHUNK  # injectable: tests use small chunks on tiny models
         self._texts: dict[int, str] = {}
+        self.host = None  # dflash.host.HostSettings: the CPU settings load_engine chose (None: not chosen there)
 
     def use_drafter(self, drafter: DraftProposer | None = None) -> None:
         """Propose the blocks of the next requests with `drafter`; None: with a `Drafter` over the draft model."""
@@ -257,7 +259,7 @@ class Engine:
             return why
         first = run.rule.pick(logits[-1:], [len(prompt_ids)])[0]
         yield ev.Prefill(n_prompt_tokens=len(prompt_ids), ms=(time.perf_counter() - t0) * 1000)
-        commit, why = self._commit(run, 0, [first], [ev.BONUS], [-1.0], [first])
+        commit, why = self._commit(run, 0, [first], [ev.BONUS], [-1.0], [first], logits[-1:])
         yield commit
         run.pending, run.pending_pos = feats, 0  # the prompt's features become the draft's first context
         return (why, "") if why else None
@@ -305,7 +307,8 @@ class Engine:
                         draft_ms=draft_ms, verify_ms=verify_ms, relaxed=res.relaxed)
         kinds = [ev.DRAFT] * a + [ev.CORRECTION if a < len(drafted) else ev.BONUS]
         confs = (proposal.confidences[:a] if proposal else []) + [-1.0]
-        commit, why = self._commit(run, block, drafted[:a] + [res.next_token], kinds, confs, res.target_tokens[: a + 1])
+        commit, why = self._commit(run, block, drafted[:a] + [res.next_token], kinds, confs, res.target_tokens[: a + 1],
+                                   logits[: a + 1])
         yield commit
         return StepResult(committed=commit.token_ids, outcome=StepOutcome(b, a, draft_ms, verify_ms), finish=why)
 
@@ -322,8 +325,9 @@ class Engine:
         return proposal
 
     def _commit(self, run: Run, block: int, new: list[int], kinds: list[str], confs: list[float],
-                targets: list[int]) -> tuple[ev.Commit, str | None]:
-        """Append tokens, stopping at EOS/stop ids and max_new_tokens. Returns (Commit event, finish reason)."""
+                targets: list[int], logits: torch.Tensor) -> tuple[ev.Commit, str | None]:
+        """Append tokens, stopping at EOS/stop ids and max_new_tokens. Returns (Commit event, finish reason).
+        `logits` [len(new), V]: the target's rows that chose `new` (their top-2 gaps, greedy requests only)."""
         keep, why = run.take(new)
         # The last commit flushes a held-back partial character, so the deltas add up to Finished.text (a run
         # stopped by cancel, deadline or error can end without its last incomplete character in the deltas).
@@ -331,4 +335,5 @@ class Engine:
         n = len(keep)
         return ev.Commit(block=block, token_ids=keep, kinds=kinds[:n], texts=self.token_texts(keep), text_delta=delta,
                          n_out=len(run.out), confidences=confs[:n], target_tokens=targets[:n],
+                         target_gaps=top2_gap(logits[:n]) if run.req.temperature == 0.0 else [],
                          t_ms=(self.clock() - run.t_start) * 1000), why

@@ -112,6 +112,11 @@ class Commit:
     confidences: list[float] = field(default_factory=list)
     target_tokens: list[int] = field(default_factory=list)
     t_ms: float = 0.0  # time since the request started
+    # Per token, greedy requests only (temperature 0): the target's top-1 minus top-2 logit (float32) at its
+    # position, the margin of its argmax; `dflash.stats.diagnose_difference` reads it. Empty for sampled
+    # requests: their choice is the argmax of logits / T + noise, whose margin the raw-logit gap is not.
+    # `dflash.verify.NO_GAP` where there is no runner-up.
+    target_gaps: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

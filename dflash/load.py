@@ -20,6 +20,8 @@ import torch
 from dflash.draft import CONFIG_NAME, WEIGHTS_NAME, load_draft
 from dflash.engine import Engine
 from dflash.errors import ModelLoadError
+from dflash.host import HostSettings, env_threads
+from dflash.host import choose as choose_settings
 from dflash.registry import get_preset
 from dflash.target import Target
 
@@ -36,9 +38,7 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.d
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "auto"):
-        # CUDA: bf16. CPU (AVX2, no native bf16): float32 — bf16 halves a 1-token step but makes a 16-token
-        # verify 1.7x slower than float32 (BENCHMARKS.md, "float32 stays the CPU default"), and lossless tests
-        # are float32.
+        # CUDA: bf16. CPU: float32 unless the host probe (dflash.host, in load_engine) measures bf16 faster.
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
              "float16": torch.float16, "fp16": torch.float16}
@@ -91,10 +91,10 @@ def _load_gguf(spec: str, **gpu):
         shutil.rmtree(tmp)
     else:
         tmp.replace(cached)
-    if gpu:
-        del model
-        return _load_dir(str(cached), **gpu)
-    return model, tokenizer
+    # Always load back from the copy: a model fresh from GGUF still carries transformers' GGUF quantizer marker,
+    # which would make this first start differ from every later one (no dtype cast, no CPU fast paths).
+    del model
+    return _load_dir(str(cached), **gpu)
 
 
 def _load_dir(path: str, local_only: bool = True, **gpu):
@@ -237,6 +237,7 @@ def load_engine(preset: str | None = "default", target: str | None = None, draft
     CUDA only: quantize "4bit" | "8bit" loads the target with bitsandbytes; device_map "auto" splits a target
     larger than one GPU over the visible GPUs with accelerate (the draft stays on the first one).
     """
+    threads = threads or env_threads()
     if threads:
         torch.set_num_threads(threads)
     if target is None:
@@ -250,15 +251,37 @@ def load_engine(preset: str | None = "default", target: str | None = None, draft
     options = gpu_load_options(dev, dt, quantize, device_map)  # {} on CPU; errors name the option
     t0 = time.perf_counter()
     model, tokenizer = load_target_model(target, **options)
-    tgt = Target(model, tokenizer, name=name, device=dev, dtype=dt)
-    info = {"target": target, "target_load_s": time.perf_counter() - t0, "device": str(tgt.device), "dtype": str(dt).removeprefix("torch.")}
-    if quantize:
-        info["quantize"] = quantize
-    if getattr(model, "hf_device_map", None) and device_map:
-        info["device_map"] = sorted({str(v) for v in model.hf_device_map.values()})
+    info = {"target": target, "target_load_s": time.perf_counter() - t0}
     dmodel = vocab = None
     if draft and not no_draft:
         t0 = time.perf_counter()
         dmodel, vocab = load_draft(resolve_draft_dir(draft))
         info.update(draft=draft, draft_load_s=time.perf_counter() - t0)
-    return Engine(tgt, dmodel, vocab, name=name), info
+    tgt, host = _cpu_target(model, tokenizer, name, target, dev, dtype, threads, dmodel)
+    tgt = tgt or Target(model, tokenizer, name=name, device=dev, dtype=dt)
+    info.update(device=str(tgt.device), dtype=str(tgt.dtype).removeprefix("torch."))
+    if host is not None:
+        info["host"] = host.to_dict()
+    if quantize:
+        info["quantize"] = quantize
+    if getattr(model, "hf_device_map", None) and device_map:
+        info["device_map"] = sorted({str(v) for v in model.hf_device_map.values()})
+    engine = Engine(tgt, dmodel, vocab, name=name)
+    engine.host = host
+    return engine, info
+
+
+def _cpu_target(model, tokenizer, name: str, source: str, dev: torch.device, dtype: str | None, threads: int | None,
+                draft) -> tuple[Target | None, HostSettings | None]:
+    """On the CPU: the Target in the settings chosen for this host (dflash.host: probed once per machine and model,
+    then cached); what the caller fixed (dtype, threads) is kept. Elsewhere (None, None)."""
+    if dev.type != "cpu":
+        return None, None
+    tgt = Target(model, tokenizer, name=name, device=dev, dtype=torch.float32)
+    if not tgt.cpu_fast_paths:
+        return None, None
+    fixed = None if dtype in (None, "auto") else str(pick_dtype(dtype, dev)).removeprefix("torch.")
+    block = draft.config.block_size if draft is not None else 1
+    host = choose_settings(model, source, block, CACHE_DIR / "host-settings.json", dtype=fixed, threads=threads)
+    torch.set_num_threads(host.threads)
+    return Target(model, tokenizer, name=name, device=dev, dtype=getattr(torch, host.dtype), layout=host.layout), host

@@ -1,7 +1,9 @@
-"""The CPU fast path for the LM head: a oneDNN pre-packed copy of the weight for multi-row products.
+"""CPU fast paths for the target's matmuls with few rows (a verify of a block, the draft's positions):
+`PackedLinear`, a oneDNN pre-packed copy of the LM head, and `TransposedLinear`, the decoder's linear layers with
+pre-transposed weights (chosen per host by dflash.host).
 
-Used by `Target.forward` (the verify of a block) and by the drafter (the draft's positions); measurements in
-BENCHMARKS.md ("A pre-packed LM head for multi-row products"), A/B runs with `python -m dflash.bench.profile`.
+Measurements in BENCHMARKS.md ("A pre-packed LM head for multi-row products"); A/B runs with
+`python -m dflash.bench.profile`.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import os
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
 def _onednn_usable(weight: torch.Tensor) -> bool:
@@ -54,3 +57,56 @@ class PackedLinear:
         if packed is None or x.dtype != torch.float32:
             return F.linear(x, self.weight)
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, None, "none", [], "")
+
+
+class TransposedLinear(nn.Module):
+    """`x @ W.T` computed as `x @ Wt` with Wt = W.T stored contiguous [in, out]: a linear layer of the target's
+    decoder in the layout the host's matmul handles best for few rows.
+
+    On some CPUs F.linear (W [out, in], an "NT" product) leaves MKL's fast small-M path at 4 rows and becomes
+    several times slower than one row, while the same product from a pre-transposed weight stays close to the
+    one-row cost; `python -m dflash.bench.profile layout` measures both. The host probe (dflash.host) chooses the
+    layout per machine; `linear` (the module it replaced) stays reachable to swap back.
+    """
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.weight_t = nn.Parameter(linear.weight.detach().t().contiguous(), requires_grad=False)  # [in, out]
+        self.bias = linear.bias
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] → [..., out]
+        y = torch.matmul(x, self.weight_t)
+        return y if self.bias is None else y + self.bias
+
+    def to_linear(self) -> nn.Linear:
+        lin = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
+                        device=self.weight_t.device, dtype=self.weight_t.dtype)
+        lin.weight = nn.Parameter(self.weight_t.detach().t().contiguous(), requires_grad=False)
+        lin.bias = self.bias
+        return lin
+
+
+LAYOUTS = ("linear", "transposed")
+
+
+def set_layout(layers: nn.Module, layout: str) -> int:
+    """Put every linear layer under `layers` (the decoder's layers, not the LM head) in `layout`; returns how many
+    changed. Idempotent, and reversible: a weight goes through one exact transpose each way."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    changed = 0
+    for module in list(layers.modules()):
+        for name, child in list(module.named_children()):
+            if layout == "transposed" and type(child) is nn.Linear:
+                setattr(module, name, TransposedLinear(child))
+            elif layout == "linear" and type(child) is TransposedLinear:
+                setattr(module, name, child.to_linear())
+            else:
+                continue
+            changed += 1
+    return changed
+
+
+def layout_of(layers: nn.Module) -> str:
+    return "transposed" if any(type(m) is TransposedLinear for m in layers.modules()) else "linear"

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any, Iterable
 
@@ -130,3 +131,60 @@ def first_difference(reference: list[int], output: list[int], *, cut_short: bool
     if first is None and len(reference) != len(output) and not (cut_short and len(output) < len(reference)):
         first = n
     return first
+
+
+# The tie bounds per dtype: the largest top-2 logit gap at which a multi-token verify and the one-token step may pick
+# different argmaxes from rounding alone. If the two computations' logits differ by at most d each, a position where
+# one picks x and the other y has, in each run, top-1 minus top-2 <= |l(x) - l(y)| <= 2d; so the bound is 2 × the
+# largest per-logit difference measured, rounded up (`tie_bound_from`). float32 stays the exact mode: its bound 0
+# makes every float32 difference an error.
+# Measured by `python -m dflash.bench.profile logit-drift` (the "suggested_bound" of its output); the measurement is
+# committed in results/numerics/logit-drift.json (bfloat16 on SmolLM2-135M, CPU: largest per-logit difference 0.875
+# between the 8-token verify and the one-token step, over 188 positions x 49,152 logits), and a test keeps the
+# constant equal to it. Re-measure on another host or model with the same command.
+BFLOAT16_TIE_BOUND = 1.8
+FLOAT16_TIE_BOUND = 0.0  # not measured (no CPU path runs float16): every float16 difference counts as an error
+TIE_BOUND = {"float32": 0.0, "bfloat16": BFLOAT16_TIE_BOUND, "float16": FLOAT16_TIE_BOUND}
+
+
+def tie_bound_from(max_abs_diff: float) -> float:
+    """The tie bound a measured drift gives: 2 × the largest per-logit difference, rounded up to two significant
+    digits (0.0123 → 0.025)."""
+    x = 2.0 * max_abs_diff
+    if not x > 0.0:
+        return 0.0
+    exp = math.floor(math.log10(x)) - 1
+    return float(f"{math.ceil(round(x / 10.0**exp, 9))}e{exp}")  # round(): 0.14 / 0.01 is 14.000000000000002
+
+
+def diagnose_difference(ref_ids: list[int], ref_gaps: list[float] | None, run_ids: list[int],
+                        run_gaps: list[float] | None, dtype: str, cut_short: bool = False) -> dict | None:
+    """Why `run_ids` differs from the reference (no-draft) output: None when identical (`first_difference`), else
+    the first differing position, both tokens, both runs' top-2 logit gaps there (`Commit.target_gaps`; None when
+    not recorded), the dtype's tie bound (`TIE_BOUND`; None for another dtype) and the verdict: "tie" when both
+    gaps are known and at most a positive bound (rounding can flip such an argmax), else "error". A difference
+    in length only is an "error"."""
+    pos = first_difference(ref_ids, run_ids, cut_short=cut_short)
+    if pos is None:
+        return None
+
+    def at(values: list | None) -> float | int | None:
+        return values[pos] if values is not None and pos < len(values) else None
+
+    ref_gap, run_gap, bound = at(ref_gaps), at(run_gaps), TIE_BOUND.get(dtype)
+    tie = (at(ref_ids) is not None and at(run_ids) is not None and ref_gap is not None and run_gap is not None
+           and bound is not None and bound > 0.0 and max(ref_gap, run_gap) <= bound)
+    return {"position": pos, "ref_token": at(ref_ids), "run_token": at(run_ids), "ref_gap": ref_gap, "run_gap": run_gap,
+            "bound": bound, "verdict": "tie" if tie else "error"}
+
+
+def output_gaps(events: Iterable[ev.Event]) -> list[float] | None:
+    """The target's top-2 gap per output token, from the run's Commits; None when a Commit with tokens has none
+    (a sampled run, or a trace recorded before the gaps were)."""
+    gaps: list[float] = []
+    for e in events:
+        if isinstance(e, ev.Commit) and e.token_ids:
+            if len(e.target_gaps) != len(e.token_ids):
+                return None
+            gaps += e.target_gaps
+    return gaps

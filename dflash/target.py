@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dflash.packed import PackedLinear
+from dflash.packed import PackedLinear, layout_of, set_layout
 
 
 def chat_prompt_ids(tokenizer, prompt: str | list[dict]) -> list[int]:
@@ -34,10 +34,13 @@ class Target:
 
     Hidden layers the draft needs are captured by forward hooks on those decoder layers only (the output of
     decoder layer j, i.e. transformers' hidden_states[j + 1]).
+
+    layout: store the decoder's linear weights "linear" (as loaded) or "transposed" (`dflash.packed.set_layout`;
+    plain models on the CPU only, where the host probe chose it); None leaves the model as it is.
     """
 
     def __init__(self, model: nn.Module, tokenizer, name: str = "", device: torch.device | None = None,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, layout: str | None = None):
         self.device = device or torch.device("cpu")
         self.dtype = dtype
         if getattr(model, "hf_device_map", None) or getattr(model, "hf_quantizer", None) is not None:
@@ -61,9 +64,16 @@ class Target:
         head = model.get_output_embeddings()
         self.head = PackedLinear(head.weight)  # the LM head for multi-row products (verify, draft)
         # Only for plain (unplaced, unquantized) CPU models, where PackedLinear can pay; elsewhere model(...) as is.
-        self._split_head = (self.device.type == "cpu" and type(model).__name__ in _PLAIN_HEAD and type(head) is nn.Linear
+        self._split_head = self.cpu_fast_paths = (self.device.type == "cpu" and type(model).__name__ in _PLAIN_HEAD and type(head) is nn.Linear
                             and head.bias is None and hasattr(model, "model") and not getattr(model, "hf_device_map", None)
                             and getattr(model, "hf_quantizer", None) is None)
+        if layout is not None and self._split_head:  # CPU only: see dflash.packed.TransposedLinear
+            set_layout(model.model.layers, layout)
+
+    @property
+    def layout(self) -> str:
+        """How the decoder's linear weights are stored: "linear" (as loaded) or "transposed" (dflash.packed)."""
+        return layout_of(self.model.model.layers) if hasattr(self.model, "model") else "linear"
 
     # -- features ---------------------------------------------------------------------------------------
     def set_capture(self, layer_ids: list[int]) -> None:

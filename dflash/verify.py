@@ -37,6 +37,22 @@ def check_draft_ids(draft_tokens: torch.Tensor, vocab: int) -> None:
             raise ValueError(f"draft token id out of range [0, {vocab})")
 
 
+# The gap recorded where there is no runner-up (a vocabulary of one, every other logit -inf) or no defined gap (NaN
+# logits): the largest float32, a finite number so that traces stay valid JSON, and so large that it is never
+# within a tie bound (an unknown margin must never be called a numerical tie).
+NO_GAP = float(torch.finfo(torch.float32).max)
+
+
+def top2_gap(logits: torch.Tensor) -> list[float]:
+    """The target's margin per row: top-1 minus top-2 logit, logits [n, V] → n non-negative floats (NO_GAP where
+    undefined). One `topk(2)` on the logits' device and one device→host copy."""
+    if logits.shape[-1] < 2:
+        return [NO_GAP] * logits.shape[0]
+    top = logits.float().topk(2, dim=-1).values  # [n, 2]
+    gap = torch.nan_to_num(top[:, 0] - top[:, 1], nan=NO_GAP, posinf=NO_GAP)  # [n]
+    return gap.tolist()
+
+
 def match_verify(
     draft_tokens: torch.Tensor,
     target_logits: torch.Tensor,

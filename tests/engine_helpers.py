@@ -13,7 +13,7 @@ import random
 import torch
 
 from dflash.adaptive import Controller
-from dflash.draft import DFlashDraftModel, DraftCache, DraftConfig
+from dflash.draft import DFlashDraftModel, DraftConfig
 from dflash.drafter import OracleDrafter, ScriptedDrafter  # noqa: F401 — re-exported for the tests
 from dflash.engine import Engine
 from dflash.events import Commit, Finished

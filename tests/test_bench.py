@@ -84,7 +84,7 @@ def check_schema(r: dict) -> None:
         assert list(p["methods"]) == cfg["methods"]
         for m, rec in p["methods"].items():
             assert set(rec) >= {"output_ids", "text", "finish_reason", "repeats_agree", "identical", "first_diff",
-                                "same_length", "runs"}
+                                "same_length", "diagnosis", "runs"}
             assert len(rec["runs"]) == cfg["repeats"]
             for run in rec["runs"]:
                 for key, typ in RUN_KEYS.items():
@@ -112,11 +112,12 @@ def test_end_to_end_schema_identity_and_speedup(bench_result):
         ar = p["methods"]["ar"]["output_ids"]
         for m, rec in p["methods"].items():
             assert rec["output_ids"] == ar and rec["repeats_agree"], m
-            assert rec["identical"] is (None if m == "ar" else True)
+            assert rec["identical"] is (None if m == "ar" else True) and rec["diagnosis"] is None
     first = r["prompts"][0]["methods"]
     for m, rec in first.items():
         assert rec["finish_reason"] == "eos" and rec["output_ids"][-1] == eos, m
     assert all(s["identical"] is None or s["identical"]["n_identical"] == 2 for s in r["summary"].values())
+    assert r["summary"]["dflash"]["identical"]["n_ties"] == r["summary"]["dflash"]["identical"]["n_errors"] == 0
     # Speedup is computed from the recorded times: sum of per-prompt medians over repeats, baseline / method.
     for m in ("dflash", "hf-generate", "hf-prompt-lookup"):
         med = {k: [sorted(run["decode_ms"] for run in p["methods"][k]["runs"]) for p in r["prompts"]] for k in ("ar", m)}
@@ -189,10 +190,46 @@ def test_config_validation():
 
 
 def test_compare_common_length():
-    assert compare([1, 2, 3], [1, 2, 3]) == {"identical": True, "first_diff": None, "same_length": True}
-    assert compare([1, 2, 3], [1, 2]) == {"identical": False, "first_diff": 2, "same_length": False}
-    assert compare([1, 2, 3], [1, 2], "timeout") == {"identical": True, "first_diff": None, "same_length": False}
-    assert compare([1, 2, 3], [1, 5, 3]) == {"identical": False, "first_diff": 1, "same_length": True}
+    same = {"identical": True, "first_diff": None, "diagnosis": None}
+    assert compare([1, 2, 3], [1, 2, 3]) == {**same, "same_length": True}
+    shorter = compare([1, 2, 3], [1, 2])
+    assert shorter["first_diff"] == 2 and not shorter["identical"] and not shorter["same_length"]
+    assert shorter["diagnosis"]["verdict"] == "error" and shorter["diagnosis"]["run_token"] is None
+    assert compare([1, 2, 3], [1, 2], "timeout") == {**same, "same_length": False}
+    other = compare([1, 2, 3], [1, 5, 3])
+    assert (other["identical"], other["first_diff"], other["same_length"]) == (False, 1, True)
+
+
+def test_compare_diagnoses_a_difference_from_both_runs_gaps(monkeypatch):
+    from dflash import stats
+
+    monkeypatch.setitem(stats.TIE_BOUND, "bfloat16", 0.25)
+    tie = compare([1, 2, 3], [1, 5, 6], "length", [1.0, 0.03, 2.0], [1.0, 0.05, 0.5], "bfloat16")
+    assert tie["diagnosis"] == {"position": 1, "ref_token": 2, "run_token": 5, "ref_gap": 0.03, "run_gap": 0.05,
+                                "bound": 0.25, "verdict": "tie"}
+    assert compare([1, 2, 3], [1, 5, 6], "length", [1.0, 0.03, 2.0], [1.0, 0.05, 0.5])["diagnosis"]["verdict"] == "error"
+    assert compare([1, 2, 3], [1, 5, 6], "length", [1.0, 0.03, 2.0], None, "bfloat16")["diagnosis"]["verdict"] == "error"
+
+
+def test_a_lossy_dflash_run_is_diagnosed_against_ar(bench_dir, tmp_path):
+    """Relaxed acceptance makes dflash differ from ar for real: each differing record carries the diagnosis from
+    both runs' recorded gaps (float32: never a tie), and the summary counts it as an error."""
+    d, _ = bench_dir
+    out = tmp_path / "lossy.json"
+    assert main(_args(d, out, "--methods", "ar,dflash", "--no-warmup", "--acceptance-threshold", "1e-9")) == 0
+    r = json.loads(out.read_text())
+    differing = [p for p in r["prompts"] if p["methods"]["dflash"]["identical"] is False]
+    assert differing, "the case needs a lossy difference"
+    for p in differing:
+        rec = p["methods"]["dflash"]
+        diag, k = rec["diagnosis"], rec["first_diff"]
+        assert diag["position"] == k and diag["bound"] == 0.0 and diag["verdict"] == "error"
+        assert diag["ref_token"] == p["methods"]["ar"]["output_ids"][k] and diag["run_token"] == rec["output_ids"][k]
+        assert diag["ref_gap"] >= 0 and diag["run_gap"] >= 0
+    ident = r["summary"]["dflash"]["identical"]
+    assert ident["n_errors"] == len(differing) and ident["n_ties"] == 0
+    assert [x["verdict"] for x in r["differences"]] == ["error"] * len(differing)
+    assert "NOT a tie (top-2 gaps" in out.with_suffix(".md").read_text()
 
 
 def test_profile_tool_measures_the_tiny_target(bench_dir, capsys):
@@ -202,13 +239,85 @@ def test_profile_tool_measures_the_tiny_target(bench_dir, capsys):
     assert profile_main(["forward", "--target", str(d / "target"), "--dtypes", "float32", "--tokens", "1,4", "--reps", "1",
                          "--threads", "1", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["result"]
-    assert {(r["tokens"], r["head"]) for r in rows} == {(1, "mkl"), (4, "onednn-packed"), (4, "mkl")}
+    assert {(r["layout"], r["tokens"], r["head"]) for r in rows} == {
+        (lay, t, h) for lay in ("linear", "transposed") for t, h in ((1, "mkl"), (4, "onednn-packed"), (4, "mkl"))}
     assert all(r["median_ms"] > 0 for r in rows)
     assert profile_main(["gemm", "--target", str(d / "target"), "--rows", "1,2", "--reps", "1", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["result"]
     assert {(r["rows"], r["kernel"]) for r in rows} == {(1, "mkl"), (1, "onednn-packed"), (2, "mkl"), (2, "onednn-packed"),
                                                         (2, "per-row")}
     assert all(r["n_matrices"] == 4 * 7 for r in rows)  # 4 layers × (q, k, v, o, gate, up, down)
+
+
+# -- logit drift: a block verify against the one-token step ------------------------------------------------------------
+def test_teacher_forcing_gives_the_no_draft_runs_logits_both_ways():
+    """One token per forward reproduces the no-draft engine's greedy tokens; both ways give the logits of a plain
+    no-cache forward over the whole sequence (float32), row for row."""
+    from dflash.bench.drift import teacher_forced
+
+    target = tiny_target("llama", seed=4)
+    prompt = [9, 8, 7, 6, 5]
+    out = Engine(target).generate(Request(prompt_ids=tuple(prompt), max_new_tokens=11, use_draft=False)).output_ids
+    one, blk = teacher_forced(target, prompt, out, 4)
+    assert one.shape == blk.shape == (len(out) - 1, target.vocab_size)
+    assert one.argmax(-1).tolist() == out[1:]
+    with torch.inference_mode():
+        full = target.model(input_ids=torch.tensor([prompt + out])).logits[0, len(prompt) : -1].float()
+    assert torch.allclose(one, full, atol=1e-4) and torch.allclose(blk, full, atol=1e-4)
+
+
+def test_drift_percentile_is_the_nearest_rank_over_everything_added():
+    import numpy as np
+
+    from dflash.bench.drift import Drift
+    from dflash.verify import top2_gap
+
+    gen = torch.Generator().manual_seed(5)
+    pairs = [(torch.randn(n, 500, generator=gen), None) for n in (3, 7, 1)]
+    pairs = [(a, a + torch.randn(a.shape, generator=gen) * 0.01) for a, _ in pairs]
+    drift = Drift(sum(a.numel() for a, _ in pairs) + 1234)  # an upper bound, as the command gives
+    for a, b in pairs:
+        drift.add(a, b)
+    res = drift.result()
+    diffs = torch.cat([(a - b).abs().flatten() for a, b in pairs]).numpy()
+    assert res["n_logits"] == diffs.size == 5500 and res["n_positions"] == 11
+    assert res["max_abs_diff"] == pytest.approx(float(diffs.max()), abs=0)
+    assert res["p999_abs_diff"] == pytest.approx(float(np.percentile(diffs, 99.9, method="inverted_cdf")), abs=0)
+    gap_diffs = [abs(x - y) for a, b in pairs for x, y in zip(top2_gap(a), top2_gap(b))]
+    assert res["max_gap_diff"] == max(gap_diffs)
+    assert res["n_argmax_differs"] == sum(int((a.argmax(-1) != b.argmax(-1)).sum()) for a, b in pairs)
+
+
+def test_logit_drift_command_on_the_tiny_target(bench_dir, capsys):
+    from dflash.bench.profile import main as profile_main
+    from dflash.stats import tie_bound_from
+
+    d, _ = bench_dir
+    argv = ["logit-drift", "--target", str(d / "target"), "--prompts", str(d / "prompts.jsonl"), "--limit", "2",
+            "--max-new-tokens", "12", "--block", "4", "--threads", "1", "--json"]
+    assert profile_main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["mode"] == "logit-drift"
+    rows = {r["dtype"]: r for r in out["result"]}
+    assert list(rows) == ["float32", "bfloat16"]
+    for r in rows.values():
+        assert set(r) == {"dtype", "n_prompts", "block", "n_positions", "n_logits", "max_abs_diff", "p999_abs_diff",
+                          "max_gap_diff", "n_argmax_differs", "suggested_bound"}
+        assert r["n_prompts"] == 2 and r["n_positions"] > 0 and r["n_logits"] == r["n_positions"] * 256
+        assert 0 <= r["p999_abs_diff"] <= r["max_abs_diff"] and r["suggested_bound"] == tie_bound_from(r["max_abs_diff"])
+    assert rows["float32"]["max_abs_diff"] < 1e-3 and rows["float32"]["n_argmax_differs"] == 0
+
+
+@pytest.mark.parametrize("extra, message", [(["--block", "1"], "block: must be in [2, 64]"),
+                                            (["--dtypes", "float32,int8"], "dtypes: choose from"),
+                                            (["--max-new-tokens", "1"], "max_new_tokens: must be in [2, 4096]")])
+def test_logit_drift_bad_options_name_the_parameter(bench_dir, capsys, extra, message):
+    from dflash.bench.profile import main as profile_main
+
+    d, _ = bench_dir
+    assert profile_main(["logit-drift", "--target", str(d / "target"), "--prompts", str(d / "prompts.jsonl"),
+                         *extra]) == 2
+    assert message in capsys.readouterr().err
 
 
 # -- transformers baselines ---------------------------------------------------------------------------------
@@ -280,16 +389,24 @@ def test_summary_speedup_spread_identity_memory():
     assert summ["dflash"]["tau"] == pytest.approx(8 / 3)  # pooled over 4 runs of [3, 1, 4]
     assert summ["dflash"]["acceptance_histogram"] == {"1": 4, "3": 4, "4": 4}
     assert summ["dflash"]["draft_share"] == pytest.approx(0.25)
-    assert summ["dflash"]["identical"] == {"n_identical": 1, "n_compared": 2, "differing_prompts": [1]}
+    assert summ["dflash"]["identical"] == {"n_identical": 1, "n_compared": 2, "differing_prompts": [1], "n_ties": 0,
+                                           "n_errors": 1}  # a record without a diagnosis shows no tie
     assert summ["dflash"]["rss_increase_mb"] == 50.0 and summ["dflash"]["rss_peak_mb"] == 150.0
     assert summ["ar"]["tokens_per_s"] == pytest.approx(18 / 0.31)
     diffs = report.differences(r["prompts"])
     assert diffs == [{"prompt": 1, "method": "dflash", "first_diff": 2, "ar_token": 3, "method_token": 3,
-                      "same_length": True}]
+                      "same_length": True, "verdict": "error", "ar_gap": None, "method_gap": None, "bound": None}]
     r["summary"], r["differences"] = summ, diffs
     md = report.markdown(r)
     assert "| dflash | 2.30× | 2.22 / 2.33 / 2.44 | 2.00–2.67 |" in md
-    assert "prompt 1, dflash: first difference at output token 2" in md
+    assert "prompt 1, dflash: first difference at output token 2" in md and "| 1/2 (0 ties, 1 error) |" in md
+    tie = {"position": 2, "ref_token": 3, "run_token": 3, "ref_gap": 0.03, "run_gap": 0.05, "bound": 0.25,
+           "verdict": "tie"}
+    r["prompts"][1]["methods"]["dflash"]["diagnosis"] = tie
+    summ = report.summarize(r)
+    assert (summ["dflash"]["identical"]["n_ties"], summ["dflash"]["identical"]["n_errors"]) == (1, 0)
+    r["summary"], r["differences"] = summ, report.differences(r["prompts"])
+    assert "(ar 3, dflash 3): numerical tie (top-2 gaps 0.03 / 0.05, bound 0.25)" in report.markdown(r)
 
 
 # -- statistics on synthetic event streams (dflash.stats, what the summaries are built from) ----------------------

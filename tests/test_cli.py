@@ -22,7 +22,7 @@ ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_TH
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """A tiny Llama target directory (no tokenizer: --prompt-ids only) and a draft that does not fit it."""
+    """A tiny Llama target directory (no tokenizer: --prompt-ids only), a draft for it and a draft that does not fit it."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tmp = tmp_path_factory.mktemp("cli")
@@ -35,11 +35,15 @@ def models(tmp_path_factory):
                         intermediate_size=64, vocab_size=256, num_target_layers=2, block_size=4, mask_token_id=255,
                         target_layer_ids=[1])
     save_draft(DFlashDraftModel(wrong), tmp / "wrong-draft")
+    fits = DraftConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                       intermediate_size=128, vocab_size=256, num_target_layers=2, block_size=4, mask_token_id=255,
+                       target_layer_ids=[0, 1])
+    save_draft(DFlashDraftModel(fits), tmp / "draft")
     return tmp
 
 
-def generate(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dflash", "generate", *args], cwd=ROOT, env=ENV, capture_output=True,
+def generate(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dflash", "generate", *args], cwd=ROOT, env=env or ENV, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -102,3 +106,21 @@ def test_ctrl_c_stops_cleanly_with_partial_output_and_a_complete_trace(models, t
     assert out["finish_reason"] == "cancelled" and 5 <= len(out["output_ids"]) < 4000
     last = json.loads(trace.read_text().splitlines()[-1])
     assert last["type"] == "Finished" and last["reason"] == "cancelled" and last["output_ids"] == out["output_ids"]
+
+
+def test_the_host_settings_are_probed_once_then_read_back(models, tmp_path):
+    """The CPU settings (dtype, threads, layout) chosen by the probe appear in --json; a second start reads them from
+    the per-machine cache; what the user fixes is kept."""
+    env = {**ENV, "DFLASH_CACHE": str(tmp_path)}
+    run = ["--target", str(models / "target"), "--draft", str(models / "draft"), "--prompt-ids", "5,6,7",
+           "--max-new-tokens", "4", "--json"]
+    first = json.loads(generate(*run, env=env).stdout)["settings"]
+    assert first["source"] == "probe" and first["block"] == 4 and first["dtype"] in ("float32", "bfloat16")
+    assert {r["dtype"] for r in first["candidates"]} == {"float32", "bfloat16"}
+    again = json.loads(generate(*run, env=env).stdout)["settings"]
+    assert again["source"] == "cache" and again["candidates"] == first["candidates"]
+    fixed = generate(*run, "--dtype", "float32", "--threads", "1", env=env)
+    settings = json.loads(fixed.stdout)["settings"]
+    assert (settings["dtype"], settings["threads"], settings["mode"]) == ("float32", 1, "exact")
+    bad = generate(*run, env={**env, "DFLASH_THREADS": "many"})
+    assert bad.returncode == 2 and "DFLASH_THREADS" in bad.stderr and "Traceback" not in bad.stderr

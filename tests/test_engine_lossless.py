@@ -264,3 +264,40 @@ def test_relaxed_drift_ignores_tokens_cut_after_eos():
         own = target.model(input_ids=torch.tensor([seq])).logits[0].argmax(-1).tolist()
     differs = sum(tok != own[len(prompt) - 1 + i] for i, tok in enumerate(res.output_ids))
     assert res.stats["drift_tokens"] == differs
+
+
+# -- the target's top-2 gap per committed token (what tells a numerical tie from an error) --------------------------
+def reference_gaps(target, seq: list[int], n_prompt: int) -> list[float]:
+    """Top-1 minus top-2 logit predicting each output token of `seq`, from one no-cache forward over it."""
+    with torch.inference_mode():
+        logits = target.model(input_ids=torch.tensor([seq])).logits[0, n_prompt - 1 : len(seq) - 1].float()
+    ranked = logits.sort(-1, descending=True).values
+    return (ranked[:, 0] - ranked[:, 1]).tolist()
+
+
+@pytest.mark.parametrize("drafter", [*DRAFTERS, "no draft"])
+def test_every_greedy_commit_carries_the_targets_gap_per_token(models, drafter):
+    """Accepted drafts, corrections, bonus tokens and the prefill's token each get the target's own margin at
+    their position: the rows 0..a of the verify that committed them (truncated with the tokens at the end)."""
+    target, engine = models["llama"]
+    prompt = [200, 17, 45, 9, 88]
+    expected = ref(target, "llama", prompt, 23)
+    res = run(engine, drafter if drafter in DRAFTERS else "random", prompt, expected, max_new_tokens=23,
+              block_size=4, use_draft=drafter != "no draft")  # 23: the last block is cut by the length limit
+    commits_ = [e for e in res.events if isinstance(e, Commit)]
+    assert all(len(c.target_gaps) == len(c.token_ids) for c in commits_)
+    gaps = [g for c in commits_ for g in c.target_gaps]
+    assert gaps == pytest.approx(reference_gaps(target, prompt + res.output_ids, len(prompt)), abs=1e-4)
+    assert all(g >= 0 for g in gaps)
+    if drafter == "oracle":
+        assert any(len(c.token_ids) > 1 for c in commits_), "the case needs accepted drafts"
+
+
+def test_sampled_commits_carry_no_gaps(models):
+    """A sampled token is the argmax of logits / T + noise: the raw-logit gap is not its margin, so none is kept."""
+    _, engine = models["qwen3"]
+    with_drafter(engine, None, [])
+    for verify in ("match", "rejection"):
+        res = engine.generate(Request(prompt_ids=(3, 1, 4), max_new_tokens=12, block_size=4, temperature=0.8, seed=2,
+                                      verify=verify))
+        assert all(c.target_gaps == [] for c in res.events if isinstance(c, Commit))

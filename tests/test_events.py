@@ -99,10 +99,11 @@ def test_consistency(runs, name):
     assert fin.stats["n_output_tokens"] == len(fin.output_ids)
     started = events[0]
     assert started.prompt_ids == list(PROMPT) and started.request["prompt_ids"] == list(PROMPT)
+    greedy = started.request["temperature"] == 0
     for c in commits:
         assert len(c.token_ids) == len(c.kinds) == len(c.texts) == len(c.confidences) == len(c.target_tokens)
+        assert len(c.target_gaps) == (len(c.token_ids) if greedy else 0)  # the target's margins: greedy runs only
         assert all(k in ev.TOKEN_KINDS for k in c.kinds)
-    greedy = started.request["temperature"] == 0
     for v in (e for e in events if isinstance(e, ev.Verify)):
         n = v.block_size - 1
         assert len(v.draft_tokens) == len(v.draft_texts) == len(v.accepted) == n

@@ -3,6 +3,7 @@ changes of the weight, and steps aside for inputs that need a gradient."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -26,3 +27,46 @@ def test_packed_head_matches_linear():
     g = torch.randn(4, 64, requires_grad=True)
     head(g).sum().backward()  # needs a gradient: plain path
     assert g.grad is not None
+
+
+def test_transposed_linear_computes_the_same_product_and_swaps_back_exactly():
+    from torch import nn
+
+    from dflash.packed import TransposedLinear, layout_of, set_layout
+
+    torch.manual_seed(1)
+    block = nn.Sequential(nn.Linear(64, 96, bias=False), nn.ReLU(), nn.Sequential(nn.Linear(96, 64, bias=True)))
+    weights = [block[0].weight.detach().clone(), block[2][0].weight.detach().clone()]
+    x = torch.randn(1, 8, 64)
+    with torch.no_grad():
+        ref = block(x)
+        assert layout_of(block) == "linear"
+        assert set_layout(block, "transposed") == 2 and layout_of(block) == "transposed"
+        assert set_layout(block, "transposed") == 0  # idempotent
+        assert isinstance(block[0], TransposedLinear) and block[0].weight_t.is_contiguous()
+        assert block[0].weight_t.shape == (64, 96)
+        assert torch.allclose(block(x), ref, atol=1e-5)
+        assert torch.allclose(block(x[:, :1]), ref[:, :1], atol=1e-5)
+        assert set_layout(block, "linear") == 2 and layout_of(block) == "linear"
+    assert torch.equal(block[0].weight, weights[0]) and torch.equal(block[2][0].weight, weights[1])  # exact round trip
+    with pytest.raises(ValueError, match="layout"):
+        set_layout(block, "diagonal")
+
+
+def test_a_target_in_the_transposed_layout_keeps_greedy_dflash_lossless():
+    """The layout the host probe may choose changes how the decoder multiplies, not what the engine commits:
+    greedy DFlash output still equals the no-draft output token for token (float32)."""
+    from dflash.engine import Engine
+    from dflash.request import Request
+    from dflash.target import Target
+    from conftest import tiny_draft, tiny_target
+
+    base = tiny_target("llama", seed=3)
+    plain = Engine(Target(base.model, None))
+    ref = plain.generate(Request(prompt_ids=[5, 9, 2, 7], max_new_tokens=40, use_draft=False)).output_ids
+    target = Target(base.model, None, layout="transposed")
+    assert target.layout == "transposed"
+    engine = Engine(target, tiny_draft(target, block_size=8, seed=4))
+    for use_draft in (False, True):
+        out = engine.generate(Request(prompt_ids=[5, 9, 2, 7], max_new_tokens=40, use_draft=use_draft)).output_ids
+        assert out == ref

@@ -104,3 +104,97 @@ def test_first_difference_is_the_one_definition_of_identical():
     assert first_difference([1, 2], [1, 2, 3]) == 2  # longer output too
     assert first_difference([1, 2, 3], [1, 2], cut_short=True) is None  # stopped early: compared on what it made
     assert first_difference([1, 2], [1, 2, 3], cut_short=True) == 2  # cut short cannot excuse extra tokens
+
+
+# -- why two greedy outputs differ: numerical tie or error ----------------------------------------------------------
+@pytest.fixture
+def bf16_bound(monkeypatch):
+    """A bfloat16 tie bound of 0.25 (the shipped value is measured by `profile logit-drift`)."""
+    from dflash import stats
+
+    monkeypatch.setitem(stats.TIE_BOUND, "bfloat16", 0.25)
+
+
+def test_identical_outputs_have_no_diagnosis():
+    from dflash.stats import diagnose_difference
+
+    assert diagnose_difference([1, 2, 3], [0.5, 0.1, 0.2], [1, 2, 3], [0.5, 0.1, 0.2], "bfloat16") is None
+    assert diagnose_difference([1, 2, 3], None, [1, 2], None, "float32", cut_short=True) is None  # as first_difference
+
+
+def test_a_difference_where_both_gaps_are_within_the_bound_is_a_tie(bf16_bound):
+    from dflash.stats import diagnose_difference
+
+    d = diagnose_difference([1, 2, 3, 4], [2.0, 0.03, 1.0, 1.0], [1, 7, 8], [2.0, 0.05, 3.0], "bfloat16")
+    assert d == {"position": 1, "ref_token": 2, "run_token": 7, "ref_gap": 0.03, "run_gap": 0.05, "bound": 0.25,
+                 "verdict": "tie"}
+    at_bound = diagnose_difference([1, 2], [2.0, 0.25], [1, 7], [2.0, 0.25], "bfloat16")
+    assert at_bound["verdict"] == "tie"  # "at or below" the bound
+
+
+@pytest.mark.parametrize("ref_gaps, run_gaps", [
+    ([2.0, 0.3], [2.0, 0.05]),  # the reference's margin is above the bound
+    ([2.0, 0.05], [2.0, 0.3]),  # the run's margin is above the bound
+    (None, [2.0, 0.05]),  # a gap not recorded: nothing shows it is a tie
+    ([2.0, 0.05], []),
+])
+def test_a_difference_with_a_gap_above_the_bound_or_unknown_is_an_error(bf16_bound, ref_gaps, run_gaps):
+    from dflash.stats import diagnose_difference
+
+    d = diagnose_difference([1, 2], ref_gaps, [1, 7], run_gaps, "bfloat16")
+    assert d["position"] == 1 and d["verdict"] == "error" and d["bound"] == 0.25
+
+
+def test_float32_stays_strict_and_an_unknown_dtype_has_no_bound(bf16_bound):
+    from dflash.stats import TIE_BOUND, diagnose_difference
+
+    assert TIE_BOUND["float32"] == 0.0
+    exact_tie = diagnose_difference([1, 2], [2.0, 0.0], [1, 7], [2.0, 0.0], "float32")
+    assert exact_tie["verdict"] == "error" and exact_tie["bound"] == 0.0  # float32 identity is strict
+    other = diagnose_difference([1, 2], [2.0, 0.01], [1, 7], [2.0, 0.01], "int8")
+    assert other["verdict"] == "error" and other["bound"] is None
+
+
+def test_a_difference_in_length_only_is_an_error(bf16_bound):
+    from dflash.stats import diagnose_difference
+
+    longer = diagnose_difference([1, 2], [0.01, 0.01], [1, 2, 3], [0.01, 0.01, 0.01], "bfloat16")
+    assert longer == {"position": 2, "ref_token": None, "run_token": 3, "ref_gap": None, "run_gap": 0.01,
+                      "bound": 0.25, "verdict": "error"}
+    shorter = diagnose_difference([1, 2, 3], [0.01] * 3, [1, 2], [0.01] * 2, "bfloat16")
+    assert shorter["position"] == 2 and shorter["run_token"] is None and shorter["verdict"] == "error"
+
+
+def test_tie_bound_from_a_measured_drift_is_twice_it_rounded_up():
+    from dflash.stats import tie_bound_from
+
+    assert tie_bound_from(0.0546875) == 0.11  # 0.109375 → two significant digits, up
+    assert tie_bound_from(0.07) == 0.14 and tie_bound_from(0.125) == 0.25 and tie_bound_from(3.0) == 6.0
+    assert tie_bound_from(3.4e-05) == 6.8e-05 and tie_bound_from(0.0) == 0.0
+
+
+def test_output_gaps_come_from_the_commits():
+    from dflash.stats import output_gaps
+
+    def gapped(block: int, n: int, gaps: list[float]) -> ev.Commit:
+        return ev.Commit(block, [1] * n, [ev.DRAFT] * n, ["a"] * n, "a" * n, n, target_gaps=gaps)
+
+    assert output_gaps([gapped(0, 1, [0.5]), gapped(1, 2, [0.1, 2.0]), gapped(2, 0, [])]) == [0.5, 0.1, 2.0]
+    assert output_gaps([gapped(0, 1, [0.5]), gapped(1, 2, [])]) is None  # a sampled run, or an older trace
+    assert output_gaps(synthetic()) is None
+    assert output_gaps([]) == []
+
+
+def test_the_bfloat16_tie_bound_is_the_committed_measurement():
+    """The constant comes from results/numerics/logit-drift.json (`profile logit-drift`), not from a guess."""
+    import json
+    from pathlib import Path
+
+    from dflash import stats
+    from dflash.stats import tie_bound_from
+
+    rows = json.loads((Path(__file__).parents[1] / "results" / "numerics" / "logit-drift.json").read_text())["result"]
+    bf16 = next(r for r in rows if r["dtype"] == "bfloat16")
+    assert stats.BFLOAT16_TIE_BOUND == bf16["suggested_bound"] == tie_bound_from(bf16["max_abs_diff"])
+    f32 = next(r for r in rows if r["dtype"] == "float32")
+    assert f32["n_argmax_differs"] == 0 and stats.TIE_BOUND["float32"] == 0.0  # float32 stays strict

@@ -56,3 +56,21 @@ def test_status_lines_follow_the_run(runs):
     line = final_status(events)
     assert line.startswith(f"**{render.finish_words(render.finished(events))}** {s['n_output_tokens']} tokens in ")
     assert f"τ {s['tau']:.2f}" in line
+
+
+def test_the_hardware_line_shows_the_host_settings_and_ends_with_the_dtype():
+    import torch
+
+    from dflash.host import HostSettings
+    from tests.ui_support import tiny_text_engine
+    from ui.live import dtype_of, hardware
+
+    engine = tiny_text_engine(block_size=4)
+    assert hardware(engine).endswith("· float32 (exact)") and dtype_of(hardware(engine)) == "float32"
+    rows = [{"dtype": "float32", "threads": 2, "layout": "transposed", "step_ms": 40.2, "verify_ms": 65.4, "score_ms": 105.6}]
+    engine.host = HostSettings("float32", 2, "transposed", "cache", block=8, candidates=rows)
+    line = hardware(engine)
+    assert f"CPU, {torch.get_num_threads()} threads, transposed linears; 1-token step 40 ms, 8-token verify 65 ms " \
+           "(probe cached)" in line and dtype_of(line) == "float32"
+    assert dtype_of("model · CPU · bfloat16 (fast: identical except at numerical ties)") == "bfloat16"
+    assert dtype_of("") == ""

@@ -217,7 +217,48 @@ def test_comparison_with_the_baseline(runs):
     first = next(i for i in range(min(len(a), len(b))) if a[i] != b[i])
     assert not lossy["identical"] and lossy["first_diff"] == first
     html = render_stats.stats_html(runs["lossy"], lossy).replace("&#x27;", "'")
-    assert f"differs from the target's own output at token {first}" in html
+    assert f"differs from the target's own output at token {first}: expected, the run is lossy" in html
+
+
+def test_a_difference_is_diagnosed_from_both_runs_recorded_gaps(runs):
+    """The diagnosis reads the top-2 gaps the two runs recorded at the first difference; a float32 difference is
+    never a tie, an unknown dtype is shown as unknown (nothing from a trace's meta reaches the page unchecked)."""
+    from dflash.stats import output_gaps
+
+    comp = render_stats.comparison(runs["lossy"], runs["baseline"], "float32")
+    d, k = comp["diagnosis"], comp["first_diff"]
+    assert d["position"] == k and d["verdict"] == "error" and d["bound"] == 0.0
+    assert (d["ref_gap"], d["run_gap"]) == (output_gaps(runs["baseline"])[k], output_gaps(runs["lossy"])[k])
+    assert comp["dtype"] == "float32"
+    assert render_stats.comparison(runs["mixed"], runs["baseline"], "float32")["diagnosis"] is None
+    assert render_stats.comparison(runs["lossy"], runs["baseline"], '<img src=x onerror="alert(1)">')["dtype"] == ""
+
+
+def _compared(diagnosis: dict | None, dtype: str = "bfloat16", lossy: bool = False) -> dict:
+    return {"identical": diagnosis is None, "first_diff": diagnosis and diagnosis["position"], "diagnosis": diagnosis,
+            "dtype": dtype, "lossy": lossy, "baseline_tokens_per_s": 10.0, "speedup": 1.5, "n_compared": 4}
+
+
+def test_difference_words_say_tie_or_bug(runs, monkeypatch):
+    from dflash import stats
+
+    monkeypatch.setitem(stats.TIE_BOUND, "bfloat16", 0.25)
+    words = render_stats.difference_words
+
+    def diag(ref_gaps, run_gaps, dtype="bfloat16", run=(1, 7)):
+        return stats.diagnose_difference([1, 2], ref_gaps, list(run), run_gaps, dtype)
+
+    assert words(_compared(diag([1.0, 0.03], [1.0, 0.05]))) == "numerical tie (top-2 gaps 0.03 / 0.05 ≤ 0.25, bfloat16)"
+    assert words(_compared(diag([1.0, 0.9], [1.0, 1.2]))) == "NOT a tie (top-2 gaps 0.9 / 1.2, bound 0.25, bfloat16) — a bug"
+    assert words(_compared(diag([1.0, 0.0], [1.0, 0.0], "float32"), "float32")) == (
+        "NOT a tie (top-2 gaps 0 / 0, no tie bound, float32) — a bug")
+    assert words(_compared(diag([1.0, 0.03], [1.0, 0.05], ""), "")) == (
+        "NOT a tie (top-2 gaps 0.03 / 0.05, no tie bound, unknown dtype) — a bug")
+    assert words(_compared(diag(None, [1.0, 0.05]))).startswith("not shown to be a tie (no top-2 gaps recorded")
+    assert words(_compared(diag([1.0, 0.03], [1.0], run=(1,)))) == "NOT a tie (one output ends there) — a bug"
+    assert words(_compared(diag([1.0, 0.9], [1.0, 1.2]), lossy=True)).startswith("expected, the run is lossy")
+    html = render_stats.stats_html(runs["mixed"], _compared(diag([1.0, 0.03], [1.0, 0.05])))
+    assert "at token 1: numerical tie (top-2 gaps 0.03 / 0.05 ≤ 0.25, bfloat16)" in html
 
 
 # -- traces and replay -------------------------------------------------------------------------------------------
@@ -293,3 +334,28 @@ def test_bundled_traces_replay_without_a_model():
             comp = render_stats.comparison(t.events, t.baseline)
             lossy = t.events[0].lossy
             assert comp["identical"] or lossy  # lossless runs match the target's own output
+
+
+def test_compare_status_line_says_why_the_outputs_differ(tmp_path):
+    """Compare with autoregressive on a tiny real engine: identical for an exact run; for a lossy run the first
+    difference, said to be expected; the history row follows."""
+    from tests.ui_support import tiny_text_engine
+    from ui.engines import EngineProvider
+    from ui.handlers import CONTROL_KEYS, Playground, defaults
+
+    pg = Playground(EngineProvider({"default": tiny_text_engine(block_size=8)}), export_root=str(tmp_path))
+
+    def compared(**over) -> dict:
+        values = {**{k: defaults(8)[k] for k in CONTROL_KEYS}, "prompt": "Once upon a time", "max_new_tokens": 30, **over}
+        run = list(pg.generate(values, [], "s"))[-1]
+        return list(pg.compare(run["trace"], run["history"], False, "s"))[-1]
+
+    assert "outputs identical ✓" in compared()["status"]
+    lossy = compared(acceptance=0.05, block_size=4)
+    comp = render_stats.comparison(lossy["trace"]["replay"].trace.events, lossy["trace"]["replay"].trace.baseline,
+                                   "float32")
+    k = comp["first_diff"]
+    assert k is not None and comp["diagnosis"]["verdict"] == "error"
+    assert (f"outputs different ✗ at token {k}: expected, the run is lossy (acceptance threshold below 1)"
+            in lossy["status"])
+    assert lossy["history"][-1]["identical"] == f"✗ at {k}"

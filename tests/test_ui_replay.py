@@ -87,6 +87,14 @@ HOSTILE = [
     ("Commit", "n_out", 10**12, "'n_out' must be an integer in [0, 4096]"),
     ("Commit", "t_ms", math.inf, "'t_ms' must be a finite number"),
     ("Commit", "confidences", [math.nan], "'confidences' must be a list of finite numbers in [-1.0, 1.0]"),
+    ("Commit", "target_gaps", ["0.5"], "'target_gaps' must be a list of finite numbers in [0.0, 3.403e+38], at most 64"),
+    ("Commit", "target_gaps", [math.nan], "'target_gaps' must be a list of finite numbers in [0.0, "),
+    ("Commit", "target_gaps", [math.inf], "'target_gaps' must be a list of finite numbers in [0.0, "),
+    ("Commit", "target_gaps", [-0.5], "'target_gaps' must be a list of finite numbers in [0.0, "),
+    ("Commit", "target_gaps", [True], "'target_gaps' must be a list of finite numbers in [0.0, "),
+    ("Commit", "target_gaps", [0.5] * 10**5, "'target_gaps' must be a list of finite numbers in [0.0, "),
+    ("Commit", "target_gaps", MARKUP, "'target_gaps' must be a list of finite numbers in [0.0, "),
+    ("Commit", "target_gaps", [0.5, 0.5], "'target_gaps' must be empty or have one entry per token"),
     ("Started", "has_draft", "yes", "'has_draft' must be true or false"),
     ("Started", "request", MARKUP, "'request' must be an object"),
     ("Started", "trained_block_size", 10**9, "'trained_block_size' must be an integer in [1, 64]"),
@@ -174,6 +182,20 @@ def test_recorded_runs_and_bundled_traces_pass_the_checks(runs):
         assert parse_trace(dumps_trace(Trace(events, {}))).events == events
     for path in bundled_traces().values():
         assert load_trace_file(path).events
+
+
+def test_traces_with_and_without_target_gaps_load(runs, code_doc):
+    """New greedy traces carry the target's top-2 gaps and keep them; traces recorded before the gaps load with
+    none (and a Commit may leave them empty, as a sampled run does)."""
+    from ui.replay import Trace, dumps_trace
+
+    commits = [e for e in parse_trace(dumps_trace(Trace(runs["mixed"], {}))).events if isinstance(e, ev.Commit)]
+    assert all(len(c.target_gaps) == len(c.token_ids) > 0 for c in commits)
+    assert not any("target_gaps" in d for d in code_doc["events"])  # recorded before the gaps
+    old = [e for e in parse_trace(json.dumps(code_doc)).events if isinstance(e, ev.Commit)]
+    assert old and all(c.target_gaps == [] for c in old)
+    text, _ = tampered(code_doc, "Commit", "target_gaps", [0.0])
+    assert next(e for e in parse_trace(text).events if isinstance(e, ev.Commit)).target_gaps == [0.0]
 
 
 # -- everything that reaches the page is escaped -----------------------------------------------------------------

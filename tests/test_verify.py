@@ -9,8 +9,8 @@ import torch
 
 from device_check import SimulatedDevice
 from dflash.sampling import filter_logits, gumbel_noise, target_probs
-from dflash.verify import (match_verify, match_verify_batched, rejection_verify, speculative_verify,
-                           speculative_verify_batched)
+from dflash.verify import (NO_GAP, match_verify, match_verify_batched, rejection_verify, speculative_verify,
+                           speculative_verify_batched, top2_gap)
 
 V = 10
 
@@ -232,3 +232,31 @@ def test_batched_reference_returns_tensors_on_the_logits_device():
                               (spec_expected, speculative_verify_batched(*on(dev, (draft, q, logits, 0.9, 0, 1.0, u, g))))):
             assert all(x.device == dev.device for x in got)
             assert [x.tolist() for x in got] == [x.tolist() for x in expected]
+
+
+# -- the target's margin per row ------------------------------------------------------------------------------------
+def test_top2_gap_is_the_top1_minus_top2_logit_per_row():
+    logits = torch.tensor([[0.5, 3.0, 2.25, -1.0], [1.0, 1.0, 0.0, 0.0], [-2.0, -3.0, -2.5, -9.0]])
+    assert top2_gap(logits) == [0.75, 0.0, 0.5]  # an exact tie has gap 0
+    assert top2_gap(logits.to(torch.bfloat16)) == [0.75, 0.0, 0.5]  # measured in float32 whatever comes in
+    assert top2_gap(torch.empty(0, 4)) == []
+    gen = torch.Generator().manual_seed(3)
+    wide = torch.randn(5, 1000, generator=gen)
+    ranked = wide.sort(-1, descending=True).values
+    assert top2_gap(wide) == pytest.approx((ranked[:, 0] - ranked[:, 1]).tolist(), abs=0)
+
+
+def test_top2_gap_without_a_runner_up_is_a_finite_never_tied_number():
+    """A vocabulary of one, a runner-up at -inf, or NaN logits: NO_GAP (finite, so traces stay JSON; huge, so no
+    bound calls it a tie)."""
+    assert top2_gap(torch.tensor([[4.0], [-1.0]])) == [NO_GAP, NO_GAP]
+    inf = math.inf
+    assert top2_gap(torch.tensor([[1.0, -inf, -inf], [-inf, -inf, -inf], [math.nan, 0.0, 1.0]])) == [NO_GAP] * 3
+    assert math.isfinite(NO_GAP) and NO_GAP > 1e38
+
+
+def test_top2_gap_stays_on_the_logits_device():
+    logits = torch.randn(3, V, generator=torch.Generator().manual_seed(4))
+    expected = top2_gap(logits)
+    with SimulatedDevice() as dev:
+        assert top2_gap(dev.put(logits)) == expected

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import gradio as gr
-import torch
 
 from dflash import events as ev
 from dflash.engine import Engine
@@ -30,9 +29,9 @@ from dflash.zerogpu import zero_gpu
 from ui import gpu, plots, render
 from ui.engines import EngineProvider
 from ui.exports import history_row, history_table, write_exports
-from ui.live import FrameThrottle, RunLook, final_status, live_status
+from ui.live import FrameThrottle, RunLook, dtype_of, final_status, hardware, live_status
 from ui.render_inspector import inspector_html
-from ui.render_stats import comparison, stats_html
+from ui.render_stats import comparison, difference_words, stats_html
 from ui.replay import Replay, Trace, TraceError, bundled_traces, events_at, frame_label, frames, load_trace_file
 from ui.run_state import RunState, as_state
 from ui.sessions import GENERATION, REPLAY, SessionRuns
@@ -80,13 +79,6 @@ def trace_from_state(state: dict | None) -> Trace | None:
 def trace_state(trace: Trace, **extra: Any) -> dict:
     """A session's trace for its gr.State: the decoded trace with its replay cursor, plus where it came from."""
     return {"replay": Replay(trace), **extra}
-
-
-def hardware(engine: Engine) -> str:
-    t = engine.target
-    dev = t.device
-    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    return f"{t.name or 'model'} · {where} · {str(t.dtype).removeprefix('torch.')}"
 
 
 def view(events: RunState | list, show_rejected: bool = True, block: int | None = None,
@@ -240,7 +232,7 @@ class Playground:
         if bfin is None or bfin.reason in ("cancelled", "timeout", "error"):
             yield {"status": f"Baseline {bfin.reason if bfin else 'stopped'}: {render.finish_words(bfin)} Nothing compared."}
             return
-        yield self._compared(state, trace, base, history)
+        yield self._compared(state, trace, base, history, str(engine.target.dtype).removeprefix("torch."))
 
     def _baseline_request(self, trace: Trace) -> Request:
         """The run's request without the draft, for just as many tokens as the run produced (a fair, shorter
@@ -262,14 +254,15 @@ class Playground:
                        "throughput": plots.throughput_figure(trace.events, base)}
         return base
 
-    def _compared(self, state: dict, trace: Trace, base: list, history: list | None) -> dict[str, Any]:
+    def _compared(self, state: dict, trace: Trace, base: list, history: list | None, dtype: str) -> dict[str, Any]:
         """The comparison's update: statistics, throughput chart and status, the trace with its baseline, the
         run's history row completed, and the exports."""
-        comp = comparison(trace.events, base)
+        comp = comparison(trace.events, base, dtype)
         trace.baseline = base
         run_id = state.get("run_id", 0)
         history = _with_comparison(history, run_id, comp)
-        same = "identical ✓" if comp["identical"] else f"different ✗ (first difference at token {comp['first_diff']})"
+        same = ("identical ✓" if comp["identical"] else
+                f"different ✗ at token {comp['first_diff']}: {difference_words(comp)}")
         return {"stats": stats_html(trace.events, comp, state.get("hardware", "")),
                 "throughput": plots.throughput_figure(trace.events, base),
                 "status": f"**Compared with autoregressive:** baseline {comp['baseline_tokens_per_s']:.1f} tok/s, "
@@ -291,8 +284,8 @@ class Playground:
         return self._loaded(load_trace_file(path), "upload", show_rejected)
 
     def _loaded(self, trace: Trace, source: str, show_rejected: bool) -> dict[str, Any]:
-        comp = comparison(trace.events, trace.baseline) if trace.baseline else None
         hw = str(trace.meta.get("hardware", ""))
+        comp = comparison(trace.events, trace.baseline, dtype_of(hw)) if trace.baseline else None
         title = render.md_text(str(trace.meta.get("title", "trace")))
         note = render.md_text(str(trace.meta.get("note", "")))
         state = trace_state(trace, source=source, compare=comp, hardware=hw)
@@ -376,7 +369,8 @@ def _with_comparison(history: list | None, run_id: int, comp: dict) -> list:
     for r in history:
         if r.get("run") == run_id and r.get("source") == "run":
             r.update({"baseline tok/s": round(comp["baseline_tokens_per_s"], 2), "speedup": round(comp["speedup"], 2),
-                      "identical": "✓" if comp["identical"] else f"✗ at {comp['first_diff']}"})
+                      "identical": "✓" if comp["identical"] else
+                      f"✗ at {comp['first_diff']}" + (" (tie)" if comp["diagnosis"]["verdict"] == "tie" else "")})
     return history
 
 

@@ -7,6 +7,8 @@ import math
 import time
 from dataclasses import dataclass
 
+import torch
+
 from dflash import events as ev
 from ui import render
 
@@ -19,6 +21,27 @@ class RunLook:
     show_rejected: bool
     step_mode: bool
     hw: str
+
+
+def hardware(engine) -> str:
+    """'model · where · dtype': where it runs and, on a CPU, the settings chosen for the host with the probe's
+    numbers (dflash.host). The dtype comes last: a loaded trace's comparison reads it back (`dtype_of`)."""
+    t = engine.target
+    if t.device.type == "cuda":
+        where = torch.cuda.get_device_name(t.device)
+    else:
+        where = f"CPU, {torch.get_num_threads()} threads"
+        if engine.host is not None:
+            where += f", {engine.host.layout} linears; {engine.host.numbers()}"
+    dtype = str(t.dtype).removeprefix("torch.")
+    mode = " (exact)" if dtype == "float32" else " (fast: identical except at numerical ties)"
+    return f"{t.name or 'model'} · {where} · {dtype}{mode if t.device.type == 'cpu' else ''}"
+
+
+def dtype_of(hardware_line: str) -> str:
+    """The dtype at the end of a `hardware` line ('' when there is none)."""
+    words = hardware_line.rsplit("·", 1)[-1].split()
+    return words[0] if words else ""
 
 
 class FrameThrottle:

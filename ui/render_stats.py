@@ -3,21 +3,42 @@
 from __future__ import annotations
 
 from dflash import events as ev
-from dflash.stats import first_difference
+from dflash.stats import TIE_BOUND, diagnose_difference, output_gaps
 from ui.render import attr, finished, run_stats
 from ui.run_state import RunState, as_state
 
 
-def comparison(run_events: list, base_events: list) -> dict:
-    """Baseline vs run: tok/s, speedup, and whether the outputs are identical (first differing position)."""
+def comparison(run_events: list, base_events: list, dtype: str = "") -> dict:
+    """Baseline vs run: tok/s, speedup, whether the outputs are identical, and where they differ the diagnosis
+    (`stats.diagnose_difference`: both runs' top-2 gaps there, numerical tie or error). `dtype`: the target's
+    ("bfloat16"; anything without a tie bound is kept as "", an unknown dtype)."""
     run_ids, base_ids = _output_ids(run_events), _output_ids(base_events)
     rs, bs = run_stats(run_events), run_stats(base_events)
     n = min(len(run_ids), len(base_ids))
-    first_diff = first_difference(base_ids, run_ids)  # a stopped baseline is never compared (handlers.compare)
+    dtype = dtype if dtype in TIE_BOUND else ""
+    # A stopped baseline is never compared (handlers.compare).
+    diag = diagnose_difference(base_ids, output_gaps(base_events), run_ids, output_gaps(run_events), dtype)
     speed = rs["tokens_per_s"] / bs["tokens_per_s"] if bs["tokens_per_s"] > 0 else 0.0
     return {"baseline_tokens_per_s": bs["tokens_per_s"], "run_tokens_per_s": rs["tokens_per_s"], "speedup": speed,
-            "identical": first_diff is None, "first_diff": first_diff, "n_compared": n,
-            "baseline_ttft_ms": bs["ttft_ms"], "lossy": rs["lossy"]}
+            "identical": diag is None, "first_diff": diag["position"] if diag else None, "n_compared": n,
+            "baseline_ttft_ms": bs["ttft_ms"], "lossy": rs["lossy"], "diagnosis": diag, "dtype": dtype}
+
+
+def difference_words(comp: dict) -> str:
+    """Why the outputs differ at `comp["first_diff"]`, in words: a numerical tie (both top-2 gaps within the
+    dtype's bound), or not (a bug), or not decidable (a lossy run, gaps not recorded)."""
+    d, dtype = comp["diagnosis"], comp["dtype"] or "unknown dtype"
+    if comp["lossy"]:
+        return "expected, the run is lossy (acceptance threshold below 1)"
+    if d["ref_token"] is None or d["run_token"] is None:
+        return "NOT a tie (one output ends there) — a bug"
+    if d["ref_gap"] is None or d["run_gap"] is None:
+        return "not shown to be a tie (no top-2 gaps recorded: a sampled run or an older trace)"
+    gaps = f"top-2 gaps {d['ref_gap']:.3g} / {d['run_gap']:.3g}"
+    if d["verdict"] == "tie":
+        return f"numerical tie ({gaps} ≤ {d['bound']:.3g}, {dtype})"
+    bound = f"bound {d['bound']:.3g}" if d["bound"] else "no tie bound"  # float32 is exact; unmeasured; unknown
+    return f"NOT a tie ({gaps}, {bound}, {dtype}) — a bug"
 
 
 def _output_ids(events: list) -> list[int]:
@@ -59,7 +80,7 @@ def stats_html(run: RunState | list, compare: dict | None = None, hardware: str 
     if compare:
         ok = compare["identical"]
         same = ("✓ identical to the target's own output" if ok else
-                f"✗ differs from the target's own output at token {compare['first_diff']}")
+                f"✗ differs from the target's own output at token {compare['first_diff']}: {difference_words(compare)}")
         comp = ('<div class="stat-compare" id="compare-result">'
                 + _stat("baseline tokens / s", f"{compare['baseline_tokens_per_s']:.1f}")
                 + _stat("speedup", f"{compare['speedup']:.2f}×") +

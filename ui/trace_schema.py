@@ -19,6 +19,7 @@ from dflash import events as ev
 from dflash.errors import ValidationError
 from dflash.request import MAX_BLOCK_SIZE, MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, MAX_STEPS, Request
 from dflash.stats import compute_stats
+from dflash.verify import NO_GAP
 
 MAX_TRACE_BYTES = 20 * 1024 * 1024
 # Per run: Started, Prefill, the first Commit and Finished, then per block (at most one per new token) BlockSize,
@@ -153,7 +154,8 @@ FIELD_RULES: dict[str, dict[str, Rule]] = {
                "next_token": integer(0, MAX_TOKEN_ID), "draft_ms": MS, "verify_ms": MS, "relaxed": FLAGS},
     "Commit": {"block": BLOCK, "token_ids": IDS, "kinds": KINDS, "texts": TEXTS, "text_delta": TEXT,
                "n_out": integer(0, MAX_NEW_TOKENS), "target_tokens": IDS, "t_ms": MS,
-               "confidences": listed(_is_number(-1.0, 1.0), "finite numbers in [-1.0, 1.0]", MAX_BLOCK_SIZE)},
+               "confidences": listed(_is_number(-1.0, 1.0), "finite numbers in [-1.0, 1.0]", MAX_BLOCK_SIZE),
+               "target_gaps": listed(_is_number(0.0, NO_GAP), f"finite numbers in [0.0, {NO_GAP:.4g}]", MAX_BLOCK_SIZE)},
     "Finished": {"reason": one_of(ev.FINISH_REASONS), "text": TEXT, "stats": OBJECT, "message": TEXT,
                  "output_ids": listed(_is_int(0, MAX_TOKEN_ID), "integers", MAX_NEW_TOKENS)},
 }
@@ -191,7 +193,7 @@ def _commit(e: ev.Commit) -> str | None:
     for name in ("kinds", "texts"):
         if len(getattr(e, name)) != n:
             return f"'{name}' must have one entry per token"
-    for name in ("confidences", "target_tokens"):
+    for name in ("confidences", "target_tokens", "target_gaps"):
         if len(getattr(e, name)) not in (0, n):
             return f"'{name}' must be empty or have one entry per token"
     return "'n_out' must count at least this commit's tokens" if e.n_out < n else None

@@ -29,6 +29,7 @@ class TimedOutput:
     decode_tokens: int  # tokens produced inside the decode window (after the first chunk)
     stats: dict = field(default_factory=dict)  # engine methods: dflash.stats.compute_stats; baselines: {}
     message: str = ""
+    target_gaps: list[float] | None = None  # engine methods, greedy: dflash.stats.output_gaps; baselines: None
 
 
 class _Clock:

@@ -16,38 +16,13 @@ import platform
 import sys
 import threading
 import time
-from pathlib import Path
 
 import psutil
 import torch
 
+from dflash.host import SIMD_FLAGS, cpu_flags, cpu_model  # noqa: F401 — re-exported: one definition, in dflash.host
+
 _MB = 1024 * 1024
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-SIMD_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16",
-              "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "bf16")
-
-
-def cpu_flags() -> list[str]:
-    """The SIMD flags that decide CPU speed (bfloat16 is native only with avx512_bf16 / amx_bf16)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                have = set(line.split(":", 1)[1].split())
-                return [f for f in SIMD_FLAGS if f in have]
-    except OSError:
-        pass
-    return []
 
 
 def machine_info(device: str = "cpu") -> dict:

@@ -11,6 +11,10 @@
         the target's decoder-layer weight products alone (every linear of every layer, float32) for M rows: MKL
         `F.linear`, a oneDNN pre-packed copy, and one `F.linear` per row — what a verify of M tokens costs in
         its matrix products, compared with one decode step.
+    python -m dflash.bench.profile logit-drift [--dtypes float32,bfloat16] [--prompts mt-bench] [--limit 4]
+            [--max-new-tokens 48] [--block 8] [--device cuda]
+        the logits of a `--block`-token verify vs the one-token step on the no-draft greedy output, per dtype:
+        what the tie bounds of dflash.stats.TIE_BOUND are set from (dflash.bench.drift).
 
 Options shared with the CLI: --preset/--target/--draft/--dtype/--threads. Keep runs small on a shared CPU.
 """
@@ -25,7 +29,9 @@ import time
 
 import torch
 
+from dflash.bench import drift
 from dflash.cli import add_model_args, engine_from_args
+from dflash.errors import DFlashError
 
 
 def _median_min(values: list[float]) -> tuple[float, float]:
@@ -33,13 +39,16 @@ def _median_min(values: list[float]) -> tuple[float, float]:
 
 
 def forward_costs(args) -> list[dict]:
+    """One cached forward of each size, per dtype, decoder layout (dflash.packed) and LM-head path, interleaved."""
     from dflash.load import load_target_model
+    from dflash.packed import set_layout
     from dflash.registry import get_preset
     from dflash.target import Target
 
     source = args.target or get_preset(args.preset).target
     model, tok = load_target_model(source)
     rows = []
+    layouts = args.layouts.split(",")
     for dtype in args.dtypes.split(","):
         tg = Target(model, tok, dtype={"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype])
         ctx = torch.randint(100, min(tg.vocab_size, 40000), (1, args.context))
@@ -47,23 +56,26 @@ def forward_costs(args) -> list[dict]:
         tg.forward(ctx, cache, last_only=True, capture=False)
         sizes = [int(t) for t in args.tokens.split(",")]
         variants = [(t, packed) for t in sizes for packed in ((True, False) if t > 1 and dtype == "float32" else (True,))]
-        times: dict[tuple[int, bool], list[float]] = {v: [] for v in variants}
+        times: dict[tuple[str, int, bool], list[float]] = {(lay, *v): [] for lay in layouts for v in variants}
         ids = {t: torch.randint(100, min(tg.vocab_size, 40000), (1, t)) for t in sizes}
         for rep in range(args.reps + 1):  # interleaved; repetition 0 is a warm-up
-            for t, packed in variants:
-                tg.head.enabled = packed
-                t0 = time.perf_counter()
-                tg.forward(ids[t], cache, capture=False)
-                dt = (time.perf_counter() - t0) * 1000
-                Target.crop(cache, args.context)
-                if rep:
-                    times[(t, packed)].append(dt)
+            for layout in layouts:
+                set_layout(tg.model.model.layers, layout)
+                for t, packed in variants:
+                    tg.head.enabled = packed
+                    t0 = time.perf_counter()
+                    tg.forward(ids[t], cache, capture=False)
+                    dt = (time.perf_counter() - t0) * 1000
+                    Target.crop(cache, args.context)
+                    if rep:
+                        times[(layout, t, packed)].append(dt)
         tg.head.enabled = True
-        one = statistics.median(times[(1, True)]) if (1, True) in times else None
-        for (t, packed), v in times.items():
+        set_layout(tg.model.model.layers, "linear")
+        for (layout, t, packed), v in times.items():
+            one = statistics.median(times[(layout, 1, True)]) if (layout, 1, True) in times else None
             med, lo = _median_min(v)
             head = "onednn-packed" if packed and t > 1 and dtype == "float32" else "mkl"
-            rows.append({"dtype": dtype, "tokens": t, "head": head,
+            rows.append({"dtype": dtype, "layout": layout, "tokens": t, "head": head,
                          "median_ms": round(med, 1), "min_ms": round(lo, 1),
                          "vs_1_token": round(med / one, 2) if one else None})
         model = tg.model  # the next dtype casts the same weights
@@ -184,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--tokens", default="1,16")
     f.add_argument("--context", type=int, default=256)
     f.add_argument("--reps", type=int, default=10)
+    f.add_argument("--layouts", default="linear,transposed", help="decoder weight layouts (dflash.packed.set_layout)")
     o = sub.add_parser("ops")
     o.add_argument("--prompt", default="Write a short story about a robot who learns to paint.")
     o.add_argument("--max-new-tokens", type=int, default=32)
@@ -196,14 +209,22 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument("--limit", type=int, default=3)
     h.add_argument("--max-new-tokens", type=int, default=32)
     h.add_argument("--repeats", type=int, default=2)
-    for q in (f, o, g, h):
+    d = drift.add_parser(sub)
+    for q in (f, o, g, h, d):
         add_model_args(q)
-        q.add_argument("--random-draft", type=int, metavar="LAYERS", help="a random draft sized for the target")
+        if q is not d:
+            q.add_argument("--random-draft", type=int, metavar="LAYERS", help="a random draft sized for the target")
         q.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    result = {"forward": forward_costs, "ops": op_profile, "gemm": gemm_costs, "head-ab": head_ab}[args.mode](args)
+    modes = {"forward": forward_costs, "ops": op_profile, "gemm": gemm_costs, "head-ab": head_ab,
+             "logit-drift": drift.logit_drift}
+    try:
+        result = modes[args.mode](args)
+    except DFlashError as exc:  # a bad option or model: the message names it
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     result = {"mode": args.mode, "threads": torch.get_num_threads(), "argv": sys.argv[1:] if argv is None else argv,
               "load_average": list(__import__("os").getloadavg()), "result": result}
     if args.json:

@@ -74,7 +74,9 @@ def summarize_method(prompts: list[dict], method: str, baseline: str, repeats: i
     if greedy and method != "ar" and any(p["methods"][method]["identical"] is not None for p in mine):
         same = [p["index"] for p in mine if p["methods"][method]["identical"]]
         differ = [p["index"] for p in mine if p["methods"][method]["identical"] is False]
-        out["identical"] = {"n_identical": len(same), "n_compared": len(same) + len(differ), "differing_prompts": differ}
+        ties = [p["index"] for p in mine if _verdict(p["methods"][method]) == "tie"]
+        out["identical"] = {"n_identical": len(same), "n_compared": len(same) + len(differ), "differing_prompts": differ,
+                            "n_ties": len(ties), "n_errors": len(differ) - len(ties)}
     if method != baseline:
         by_repeat = [_ratio(prompts, baseline, method, "decode_ms", r)["speedup"] for r in range(repeats)]
         out["speedup"] = {
@@ -89,18 +91,37 @@ def summarize_method(prompts: list[dict], method: str, baseline: str, repeats: i
     return out
 
 
+def _verdict(rec: dict) -> str | None:
+    """"tie" or "error" for a greedy output that differs from `ar` (a record written before diagnoses: "error",
+    nothing shows it to be a tie); None when it does not differ."""
+    if rec["identical"] is not False:
+        return None
+    return (rec.get("diagnosis") or {}).get("verdict", "error")
+
+
 def differences(prompts: list[dict]) -> list[dict]:
-    """Every prompt × method whose greedy output differs from `ar`, with where and what."""
+    """Every prompt × method whose greedy output differs from `ar`, with where, what and the diagnosis (both runs'
+    top-2 gaps there, the dtype's tie bound, "tie" or "error"). A token is None past the end of its output."""
     out = []
     for p in prompts:
         ref = p["methods"].get("ar")
         for m, rec in p["methods"].items():
             if rec["identical"] is False:
-                k = rec["first_diff"]
+                k, diag = rec["first_diff"], rec.get("diagnosis") or {}
                 out.append({"prompt": p["index"], "method": m, "first_diff": k,
-                            "ar_token": ref["output_ids"][k] if ref else None, "method_token": rec["output_ids"][k],
-                            "same_length": rec["same_length"]})
+                            "ar_token": _token(ref["output_ids"], k) if ref else None,
+                            "method_token": _token(rec["output_ids"], k), "same_length": rec["same_length"],
+                            "verdict": _verdict(rec), "ar_gap": diag.get("ref_gap"), "method_gap": diag.get("run_gap"),
+                            "bound": diag.get("bound")})
     return out
+
+
+def _token(ids: list[int], k: int) -> int | None:
+    return ids[k] if k < len(ids) else None
+
+
+def _gap(value: float | None) -> str:
+    return "?" if value is None else f"{value:.3g}"
 
 
 def summarize(result: dict) -> dict:
@@ -114,6 +135,15 @@ def _fmt_speedup(s: dict | None, greedy: bool) -> tuple[str, str, str]:
     main = s["decode"] if greedy else s["per_token"]
     return (f"{main['speedup']:.2f}×", f"{main['min']:.2f} / {main['median']:.2f} / {main['max']:.2f}",
             f"{s['repeat_min']:.2f}–{s['repeat_max']:.2f}")
+
+
+def _fmt_identical(ident: dict) -> str:
+    """'3/4 (1 tie, 0 errors)': identical outputs of those compared, and how the others were diagnosed."""
+    text = f"{ident['n_identical']}/{ident['n_compared']}"
+    ties, errors = ident["n_ties"], ident["n_errors"]
+    if ties or errors:
+        text += f" ({ties} tie{'s' * (ties != 1)}, {errors} error{'s' * (errors != 1)})"
+    return text
 
 
 def markdown(result: dict) -> str:
@@ -140,7 +170,7 @@ def markdown(result: dict) -> str:
     for m in cfg["methods"]:
         s = summ[m]
         sp, spread, reps = _fmt_speedup(s["speedup"], cfg["greedy"])
-        ident = "—" if s["identical"] is None else f"{s['identical']['n_identical']}/{s['identical']['n_compared']}"
+        ident = "—" if s["identical"] is None else _fmt_identical(s["identical"])
         tau = "—" if s["tau"] is None else f"{s['tau']:.2f}"
         lines.append(f"| {m} | {sp} | {spread} | {reps} | {s['tokens_per_s']:.1f} | {tau} | {s['ttft_ms_median']:.0f} "
                      f"| {ident} | {s['rss_peak_mb']:.0f} (+{s['rss_increase_mb']:.0f}) |")
@@ -148,7 +178,9 @@ def markdown(result: dict) -> str:
     if diffs:
         lines += ["", "Greedy outputs that differ from `ar`:", ""]
         lines += [f"- prompt {d['prompt']}, {d['method']}: first difference at output token {d['first_diff']} "
-                  f"(ar {d['ar_token']}, {d['method']} {d['method_token']})" for d in diffs]
+                  f"(ar {d['ar_token']}, {d['method']} {d['method_token']}): "
+                  f"{'numerical tie' if d.get('verdict') == 'tie' else 'NOT a tie'} (top-2 gaps {_gap(d.get('ar_gap'))} / "
+                  f"{_gap(d.get('method_gap'))}, bound {_gap(d.get('bound'))})" for d in diffs]
     elif cfg["greedy"] and "ar" in cfg["methods"] and len(cfg["methods"]) > 1:
         lines += ["", "Every greedy output equals the `ar` output."]
     return "\n".join(lines) + "\n"

@@ -19,7 +19,7 @@ from dflash.datasets import load_prompts
 from dflash.engine import Engine
 from dflash.errors import ValidationError
 from dflash.request import Request
-from dflash.stats import first_difference
+from dflash.stats import diagnose_difference, output_gaps
 
 METHODS = ("ar", "dflash", "hf-generate", "hf-prompt-lookup")
 ENGINE_METHODS = ("ar", "dflash")
@@ -112,7 +112,7 @@ def run_method(engine: Engine, method: str, ids: list[int], cfg: BenchConfig, ma
         res = engine.generate(req)
         s = res.stats
         return TimedOutput(res.output_ids, res.finish_reason, s["ttft_ms"], s["decode_ms"], s["total_ms"],
-                           max(s["n_output_tokens"] - 1, 0), s, res.message)
+                           max(s["n_output_tokens"] - 1, 0), s, res.message, output_gaps(res.events))
     lookup = cfg.prompt_lookup_num_tokens if method == "hf-prompt-lookup" else None
     return hf_generate(engine.target, ids, req.max_new_tokens, set(req.stop_ids) | engine.target.stop_ids(),
                        req.temperature, req.top_k, req.top_p, req.seed, lookup, cfg.max_matching_ngram_size)
@@ -137,17 +137,22 @@ def run_record(out: TimedOutput, repeat: int, mem: RssSampler, load1: float | No
     }
 
 
-def compare(reference: list[int], output: list[int], finish_reason: str = "") -> dict:
-    """Greedy identity against the reference (`ar`) output (`stats.first_difference`); a run cut short by the
-    deadline is compared on what it produced. EOS is part of both outputs (both stop on the same stop ids)."""
-    first = first_difference(reference, output, cut_short=finish_reason in ("timeout", "cancelled"))
-    return {"identical": first is None, "first_diff": first, "same_length": len(reference) == len(output)}
+def compare(reference: list[int], output: list[int], finish_reason: str = "", ref_gaps: list[float] | None = None,
+            run_gaps: list[float] | None = None, dtype: str = "float32") -> dict:
+    """Greedy identity against the reference (`ar`) output, and the diagnosis of a difference: numerical tie or
+    error (`stats.diagnose_difference`, from both runs' top-2 gaps; transformers' methods record none, so their
+    differences count as errors). A run cut short by the deadline is compared on what it produced. EOS is part
+    of both outputs (both stop on the same stop ids)."""
+    diag = diagnose_difference(reference, ref_gaps, output, run_gaps, dtype,
+                               cut_short=finish_reason in ("timeout", "cancelled"))
+    return {"identical": diag is None, "first_diff": diag["position"] if diag else None,
+            "same_length": len(reference) == len(output), "diagnosis": diag}
 
 
 def run_prompt(engine: Engine, item: PromptItem, cfg: BenchConfig, on_run: Callable[[str, int], None] | None = None) -> dict:
     """All methods × repeats on one prompt, interleaved; method order rotates by one each repeat."""
     runs: dict[str, list[dict]] = {m: [] for m in cfg.methods}
-    outputs: dict[str, list[list[int]]] = {m: [] for m in cfg.methods}
+    outputs: dict[str, list[TimedOutput]] = {m: [] for m in cfg.methods}
     for r in range(cfg.repeats):
         k = r % len(cfg.methods)
         for method in cfg.methods[k:] + cfg.methods[:k]:
@@ -157,16 +162,18 @@ def run_prompt(engine: Engine, item: PromptItem, cfg: BenchConfig, on_run: Calla
             with RssSampler() as mem:
                 out = run_method(engine, method, item.ids, cfg)
             runs[method].append(run_record(out, r, mem, load1))
-            outputs[method].append(out.output_ids)
+            outputs[method].append(out)
     record = {"index": item.index, "text": item.text, "n_prompt_tokens": len(item.ids), "prompt_ids": item.ids,
               "methods": {}}
+    dtype = str(engine.target.dtype).removeprefix("torch.")
     for m in cfg.methods:
-        first = outputs[m][0]
+        first = outputs[m][0].output_ids
         rec = {"output_ids": first, "text": engine.decode(first), "finish_reason": runs[m][0]["finish_reason"],
-               "repeats_agree": all(o == first for o in outputs[m]), "identical": None, "first_diff": None,
-               "same_length": None, "runs": runs[m]}
+               "repeats_agree": all(o.output_ids == first for o in outputs[m]), "identical": None, "first_diff": None,
+               "same_length": None, "diagnosis": None, "runs": runs[m]}
         if cfg.greedy and "ar" in cfg.methods and m != "ar":
-            rec.update(compare(outputs["ar"][0], first, rec["finish_reason"]))
+            ref, out = outputs["ar"][0], outputs[m][0]
+            rec.update(compare(ref.output_ids, first, rec["finish_reason"], ref.target_gaps, out.target_gaps, dtype))
         record["methods"][m] = rec
     return record
 

@@ -30,7 +30,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from dflash.load import load_engine
     from dflash.training.evaluate import evaluate_draft
 
-    engine, info = load_engine(args.preset, draft=args.draft, threads=args.threads)
+    # float32: the exact mode, so "identical" counts outputs equal to the no-draft loop's token for token.
+    engine, info = load_engine(args.preset, draft=args.draft, dtype="float32", threads=args.threads)
     prompts = load_prompts(args.prompts, args.limit)
     bar = tqdm(total=len(prompts), desc=f"eval {args.prompts}", disable=args.quiet)
     res = evaluate_draft(engine, prompts, args.max_new_tokens, args.block_size, args.steps, not args.no_baseline,
@@ -39,7 +40,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     rows = res.pop("rows")
     out = {"prompts": args.prompts, "draft": info.get("draft"), "max_new_tokens": args.max_new_tokens,
            "block_size": args.block_size, "steps": args.steps, "temperature": args.temperature, **res,
-           "machine": machine_info(info["device"])}
+           "machine": machine_info(info["device"]), "settings": info.get("host")}
     print(json.dumps(out))
     if args.output:
         with open(args.output, "w") as f:

@@ -1,0 +1,246 @@
+"""CPU settings chosen for the host by measuring the real target: dtype, torch threads and the layout of the
+decoder's linear weights.
+
+Machines of the same kind differ (AVX2 only; AVX-512; AVX-512 with native bfloat16), and the fastest settings
+on one are slow on another, so nothing here is decided from a table: `probe` times the target's one-token step
+and a verify of the draft's block size for each candidate and keeps the fastest. The result is cached per machine
+(CPU model and flags, usable cores, torch version) and per model, so a restart reads it back in milliseconds.
+
+What the user fixes (`--dtype`, `--threads`, DFLASH_THREADS) is never probed over. float32 is the exact mode
+(greedy DFlash output equals the no-draft output token for token); bfloat16 is the fast mode, identical except
+at numerical ties (the multi-token verify rounds differently from the one-token step) — the stats say which.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from dflash.packed import LAYOUTS
+
+PROBE_VERSION = 1
+CONTEXT = 128  # tokens in the KV cache while timing: a short chat turn
+REPS = 2  # timed forwards per shape and candidate (the median is kept), after one warm-up: the probe stays ~5 s
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+SIMD_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+              "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "bf16")
+
+
+def cpu_flags() -> list[str]:
+    """The SIMD flags that decide CPU speed (bfloat16 is native only with avx512_bf16 / amx_bf16)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                have = set(line.split(":", 1)[1].split())
+                return [f for f in SIMD_FLAGS if f in have]
+    except OSError:
+        pass
+    return []
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def thread_candidates(cores: int | None = None) -> list[int]:
+    """1, half the cores and all of them: on a shared or small machine fewer threads can be faster."""
+    n = cores or usable_cores()
+    return sorted({1, max(1, n // 2), n})
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """The CPU settings in force and where they came from.
+
+    source: "probe" (measured now), "cache" (measured on an earlier start), "user" (all fixed by the caller).
+    candidates: what the probe measured, one dict per (dtype, threads): step_ms (one token), verify_ms (`block`
+    tokens), score_ms (what was minimised), layout (the faster linear layout for that dtype).
+    """
+
+    dtype: str
+    threads: int
+    layout: str
+    source: str
+    block: int = 1
+    probe_s: float = 0.0
+    candidates: list[dict] = field(default_factory=list)
+    machine: dict = field(default_factory=dict)
+
+    @property
+    def exact(self) -> bool:
+        return self.dtype == "float32"
+
+    @property
+    def mode(self) -> str:
+        return "exact" if self.exact else "fast: identical to the no-draft output except at numerical ties"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "mode": "exact" if self.exact else "fast"}
+
+    def numbers(self) -> str:
+        """The probe's timing of the chosen settings: '1-token step 45 ms, 8-token verify 86 ms (probe cached)'."""
+        row = next((r for r in self.candidates if (r["dtype"], r["threads"]) == (self.dtype, self.threads)), None)
+        how = {"probe": f"probed in {self.probe_s:.1f} s", "cache": "probe cached"}.get(self.source, self.source)
+        if row is None:
+            return f"settings: {how}"
+        verify = f", {self.block}-token verify {row['verify_ms']:.0f} ms" if self.block > 1 else ""
+        return f"1-token step {row['step_ms']:.0f} ms{verify} ({how})"
+
+    def summary(self) -> str:
+        """One line for a stats panel: 'float32 · 2 threads · transposed linears (exact; probed in 3.1 s)'."""
+        how = {"probe": f"probed in {self.probe_s:.1f} s", "cache": "probe cached", "user": "set by the user"}
+        mode = "exact" if self.exact else "fast mode: identical except at numerical ties"
+        return f"{self.dtype} · {self.threads} thread{'s' * (self.threads != 1)} · {self.layout} linears ({mode}; " \
+               f"{how.get(self.source, self.source)})"
+
+
+def machine_key() -> dict:
+    return {"cpu_model": cpu_model(), "cpu_flags": cpu_flags(), "cores": usable_cores(), "torch": torch.__version__,
+            "probe_version": PROBE_VERSION}
+
+
+def cache_key(model_id: str, block: int, dtypes: list[str], threads: list[int]) -> str:
+    raw = json.dumps({**machine_key(), "model": model_id, "block": block, "dtypes": dtypes, "threads": threads},
+                     sort_keys=True)
+    return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+
+def read_cached(path: Path, key: str) -> HostSettings | None:
+    try:
+        entry = json.loads(path.read_text()).get(key)
+        return HostSettings(**{**entry, "source": "cache"}) if isinstance(entry, dict) else None
+    except (OSError, ValueError, TypeError):
+        return None  # missing, unreadable or from another version: probe again
+
+
+def write_cached(path: Path, key: str, settings: HostSettings) -> None:
+    """Best effort (a read-only home must not stop a start): merge into the file, replace it atomically."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            table = json.loads(path.read_text())
+        except (OSError, ValueError):
+            table = {}
+        table[key] = asdict(settings)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(table, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass
+
+
+# -- the probe ----------------------------------------------------------------------------------------------
+def time_forward(target, cache, n_tokens: int, reps: int = REPS) -> float:
+    """Median ms of one cached forward of `n_tokens` after the CONTEXT tokens in `cache` (cropped back each time)."""
+    gen = torch.Generator().manual_seed(n_tokens)
+    times = []
+    for _ in range(reps + 1):  # the first is a warm-up (thread pools, allocator, weight packing)
+        ids = torch.randint(0, target.vocab_size, (1, n_tokens), generator=gen)
+        t0 = time.perf_counter()
+        target.forward(ids, cache, capture=False)
+        times.append((time.perf_counter() - t0) * 1000)
+        target.crop(cache, CONTEXT)
+    return statistics.median(times[1:])
+
+
+def _measure(target, cache, block: int) -> dict:
+    step = time_forward(target, cache, 1)
+    verify = time_forward(target, cache, block) if block > 1 else 0.0
+    # A no-draft engine only ever takes one-token steps; a draft's block is one verify and about one step's worth
+    # of draft work, so a setting that is fast at both wins.
+    return {"step_ms": round(step, 2), "verify_ms": round(verify, 2), "score_ms": round(step + verify, 2)}
+
+
+def _probe_dtype(model: nn.Module, dtype: str, block: int, threads: list[int]) -> list[dict]:
+    """Candidates for one dtype: the faster layout at the most threads, then the other thread counts with it."""
+    from dflash.packed import set_layout
+    from dflash.target import Target
+
+    target = Target(model, None, dtype=getattr(torch, dtype))
+    layers = target.model.model.layers
+    torch.set_num_threads(max(threads))
+    cache = target.new_cache()
+    target.forward(torch.arange(CONTEXT)[None] % target.vocab_size, cache, last_only=True, capture=False)
+    by_layout = {}
+    for layout in LAYOUTS:
+        set_layout(layers, layout)
+        by_layout[layout] = _measure(target, cache, block)
+    layout = min(by_layout, key=lambda k: by_layout[k]["score_ms"])
+    set_layout(layers, layout)
+    rows = [{"dtype": dtype, "threads": max(threads), "layout": layout, **by_layout[layout],
+             "other_layout_score_ms": by_layout[LAYOUTS[1 - LAYOUTS.index(layout)]]["score_ms"]}]
+    for n in sorted(set(threads) - {max(threads)}, reverse=True):
+        torch.set_num_threads(n)
+        rows.append({"dtype": dtype, "threads": n, "layout": layout, **_measure(target, cache, block)})
+    return rows
+
+
+def probe(model: nn.Module, block: int, dtypes: list[str], threads: list[int]) -> HostSettings:
+    """Time each candidate on `model` (float32 on the CPU, left in the layout chosen for float32; other dtypes are
+    timed on a copy) and return the fastest. Seconds on a 135M model."""
+    t0 = time.perf_counter()
+    before = torch.get_num_threads()
+    rows: list[dict] = []
+    try:
+        for dtype in dtypes:
+            rows += _probe_dtype(model if dtype == "float32" else copy.deepcopy(model), dtype, block, threads)
+    finally:
+        torch.set_num_threads(before)
+    best = min(rows, key=lambda r: r["score_ms"])
+    return HostSettings(dtype=best["dtype"], threads=best["threads"], layout=best["layout"], source="probe",
+                        block=block, probe_s=round(time.perf_counter() - t0, 2), candidates=rows, machine=machine_key())
+
+
+def env_threads() -> int | None:
+    """DFLASH_THREADS, when set: the thread count the operator fixed."""
+    raw = os.environ.get("DFLASH_THREADS", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        from dflash.errors import ValidationError
+
+        raise ValidationError("DFLASH_THREADS", f"must be a whole number >= 1, got {raw!r}")
+    return int(raw)
+
+
+def choose(model: nn.Module, model_id: str, block: int, cache_file: Path, dtype: str | None = None,
+           threads: int | None = None) -> HostSettings:
+    """The settings for `model` on this machine: read back from `cache_file` or probed now (and written there).
+    `dtype` / `threads`, when given, are fixed: only the rest is probed. DFLASH_PROBE=0 skips the probe
+    (float32, the current threads, F.linear layout)."""
+    dtypes = [dtype] if dtype else ["float32", "bfloat16"]
+    counts = [threads] if threads else thread_candidates()
+    if os.environ.get("DFLASH_PROBE", "1") == "0":
+        return HostSettings(dtype=dtypes[0], threads=counts[-1] if threads else torch.get_num_threads(),
+                            layout="linear", source="default", block=block, machine=machine_key())
+    key = cache_key(model_id, block, dtypes, counts)
+    found = read_cached(cache_file, key)
+    if found is not None:
+        return found
+    settings = probe(model, block, dtypes, counts)
+    write_cached(cache_file, key, settings)
+    return settings

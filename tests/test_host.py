@@ -1,0 +1,92 @@
+"""dflash.host: the CPU settings probe on a real (tiny) model, its per-machine cache, and what the caller fixes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import tiny_target
+
+from dflash import host
+from dflash.errors import ValidationError
+from dflash.packed import layout_of
+
+
+def test_thread_candidates_are_one_half_and_all_cores():
+    assert host.thread_candidates(1) == [1]
+    assert host.thread_candidates(2) == [1, 2]
+    assert host.thread_candidates(16) == [1, 8, 16]
+
+
+def test_the_probe_times_every_candidate_and_keeps_the_fastest(tmp_path):
+    model = tiny_target("llama", seed=0).model
+    before = torch.get_num_threads()
+    s = host.choose(model, "tiny", 4, tmp_path / "settings.json", threads=None)
+    assert s.source == "probe" and s.block == 4 and 0 < s.probe_s < 60
+    assert {(r["dtype"], r["threads"]) for r in s.candidates} == {(d, n) for d in ("float32", "bfloat16")
+                                                                 for n in host.thread_candidates()}
+    best = min(s.candidates, key=lambda r: r["score_ms"])
+    assert (s.dtype, s.threads, s.layout) == (best["dtype"], best["threads"], best["layout"])
+    assert all(r["step_ms"] > 0 and r["verify_ms"] > 0 and r["score_ms"] == pytest.approx(r["step_ms"] + r["verify_ms"],
+                                                                                         abs=0.02) for r in s.candidates)
+    assert torch.get_num_threads() == before  # the probe leaves the process as it found it …
+    assert next(model.parameters()).dtype == torch.float32  # … and the model in float32 (bfloat16 ran on a copy)
+    float32_layout = next(r["layout"] for r in s.candidates if r["dtype"] == "float32")
+    assert layout_of(model.model.layers) == float32_layout
+    assert s.exact == (s.dtype == "float32") and s.to_dict()["mode"] in ("exact", "fast")
+
+
+def test_a_second_start_reads_the_cached_choice(tmp_path):
+    model = tiny_target("llama", seed=0).model
+    path = tmp_path / "settings.json"
+    first = host.choose(model, "tiny", 4, path)
+    again = host.choose(model, "tiny", 4, path)
+    assert again.source == "cache" and (again.dtype, again.threads, again.layout) == (first.dtype, first.threads, first.layout)
+    assert again.candidates == first.candidates and again.machine == host.machine_key()
+    other = host.choose(model, "tiny", 2, path)  # another block size is another measurement
+    assert other.source == "probe" and len(json.loads(path.read_text())) == 2
+
+
+def test_what_the_caller_fixes_is_not_probed_over(tmp_path):
+    model = tiny_target("llama", seed=0).model
+    s = host.choose(model, "tiny", 4, tmp_path / "s.json", dtype="float32", threads=1)
+    assert (s.dtype, s.threads) == ("float32", 1) and [(r["dtype"], r["threads"]) for r in s.candidates] == [("float32", 1)]
+    assert s.layout in ("linear", "transposed") and "other_layout_score_ms" in s.candidates[0]
+
+
+def test_a_broken_cache_file_means_a_new_probe_not_a_failed_start(tmp_path):
+    path = tmp_path / "settings.json"
+    path.write_text("{not json")
+    s = host.choose(tiny_target("llama").model, "tiny", 4, path, dtype="float32", threads=1)
+    assert s.source == "probe" and json.loads(path.read_text())  # rewritten whole
+
+
+def test_no_probe_when_switched_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH_PROBE", "0")
+    s = host.choose(tiny_target("llama").model, "tiny", 4, tmp_path / "s.json")
+    assert (s.source, s.dtype, s.layout, s.candidates) == ("default", "float32", "linear", [])
+    assert not (tmp_path / "s.json").exists()
+
+
+@pytest.mark.parametrize("raw", ["abc", "0", "-2", "1.5"])
+def test_a_bad_dflash_threads_names_the_variable(monkeypatch, raw):
+    monkeypatch.setenv("DFLASH_THREADS", raw)
+    with pytest.raises(ValidationError, match="DFLASH_THREADS"):
+        host.env_threads()
+
+
+def test_dflash_threads_fixes_the_thread_count(monkeypatch):
+    monkeypatch.setenv("DFLASH_THREADS", "3")
+    assert host.env_threads() == 3
+    monkeypatch.delenv("DFLASH_THREADS")
+    assert host.env_threads() is None
+
+
+def test_the_summary_says_the_mode_and_the_probes_numbers():
+    rows = [{"dtype": "bfloat16", "threads": 2, "layout": "linear", "step_ms": 39.4, "verify_ms": 48.2, "score_ms": 87.6}]
+    fast = host.HostSettings("bfloat16", 2, "linear", "cache", block=8, probe_s=3.2, candidates=rows)
+    assert "fast mode: identical except at numerical ties" in fast.summary() and not fast.exact
+    assert fast.numbers() == "1-token step 39 ms, 8-token verify 48 ms (probe cached)"
+    exact = host.HostSettings("float32", 1, "transposed", "probe", probe_s=2.5)
+    assert exact.summary().startswith("float32 · 1 thread · transposed linears (exact; probed in 2.5 s)")
