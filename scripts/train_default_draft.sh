@@ -47,9 +47,9 @@ case "${1:-}" in
       $PY scripts/training_curve.py --run runs/deep$L --after runs/onpolicy,runs/warm --out "$RES/deep$L/curve.jsonl" \
         --label deep$L "${CURVE[@]}" --steps "${STOP_AT:-1500}"
     done ;;
-  deep)
+  deep)  # env: RUN, LAYERS, BLOCK (training block size), ANCHORS, LR, DEEP_STEPS, DATA, STOP_AT
     $PY -m dflash train fit --data "${DATA:-data/tf1,data/tf-later}" --init-from runs/warm --layers "${LAYERS:-2}" \
-      --layer-ids 1,15,27 --block-size 8 --steps "${DEEP_STEPS:-6000}" --seqs-per-step 5 --anchors-per-seq 16 \
+      --layer-ids 1,15,27 --block-size "${BLOCK:-8}" --steps "${DEEP_STEPS:-6000}" --seqs-per-step 5 --anchors-per-seq "${ANCHORS:-16}" \
       --lr "${LR:-5e-4}" --kl-weight 0 \
       --partial-prob 0 --draft-vocab 8192 --threads "$THREADS" --ckpt-every 500 --eval-every 500 --snapshot-base 250 \
       --onpolicy-blocks 1 --out "runs/${RUN:-deep2}" --stop-at "${STOP_AT:-0}" ;;

@@ -285,7 +285,9 @@ Commands:
 ShareGPT's recorded replies, each run once through the target: first turns (`--turns first`, prompt ≤ 160
 tokens) and, in the `later` set, the second and later replies of a conversation with the earlier turns as the
 prompt (`--turns later`, prompt ≤ 384 tokens), and, in the `long` set, first turns with prompts of 161–512 tokens
-(`--min-prompt-tokens 160 --max-prompt-tokens 512`, disjoint from the first set); replies ≤ 256 tokens. The label of every position is the **target's own greedy prediction** there. Shards are
+(`--min-prompt-tokens 160 --max-prompt-tokens 512`, disjoint from the first set), and, in the `later-long` set, later
+replies with histories of 385–1,024 tokens (`--turns later --min-prompt-tokens 384 --max-prompt-tokens 1024`, disjoint
+from the `later` set; logged in parts, each resumed run counting its own tokens); replies ≤ 256 tokens. The label of every position is the **target's own greedy prediction** there. Shards are
 length-sorted inside windows of 32 batches, so any prefix of the shards is a fair sample of the whole set.
 The held-out ShareGPT split (2 %, chosen by a hash of the conversation id) is never used for training.
 

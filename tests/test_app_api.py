@@ -67,6 +67,7 @@ def test_generation_streams_updates_and_ends_with_the_engines_statistics(app):
     assert trace.events[-1].output_ids == direct.output_ids
     assert trace.events[-1].stats["acceptance_lengths"] == direct.stats["acceptance_lengths"]
     assert f'data-tau="{direct.stats["tau"]:.4f}"' in final["stats"] and 'data-n-out="48"' in final["stats"]
+    assert "· float32 (exact)</p>" in final["stats"]  # the hardware line ends with the dtype and its mode
     assert trace.events[0].request["deadline_s"] == Settings().deadline_s  # per-request deadline applied
     for key in ("block_length", "histogram", "positions", "throughput"):
         fig = json.loads(final[key]["plot"])
