@@ -28,9 +28,9 @@ from torch import nn
 
 from dflash.packed import LAYOUTS
 
-PROBE_VERSION = 1
+PROBE_VERSION = 3  # 2: fewer threads probed for the leading dtype only; 3: layouts interleaved, fastest rep kept
 CONTEXT = 128  # tokens in the KV cache while timing: a short chat turn
-REPS = 2  # timed forwards per shape and candidate (the median is kept), after one warm-up: the probe stays ~5 s
+REPS = 2  # timed forwards per shape and candidate (the fastest is kept), after one warm-up
 
 
 def cpu_model() -> str:
@@ -78,7 +78,8 @@ class HostSettings:
 
     source: "probe" (measured now), "cache" (measured on an earlier start), "user" (all fixed by the caller).
     candidates: what the probe measured, one dict per (dtype, threads): step_ms (one token), verify_ms (`block`
-    tokens), score_ms (what was minimised), layout (the faster linear layout for that dtype).
+    tokens), score_ms (what was minimised), layout (the faster linear layout for that dtype). Every dtype at the
+    most threads; fewer threads for the dtype that led there.
     """
 
     dtype: str
@@ -96,10 +97,11 @@ class HostSettings:
 
     @property
     def mode(self) -> str:
-        return "exact" if self.exact else "fast: identical to the no-draft output except at numerical ties"
+        """"exact" (float32: greedy DFlash output equals the no-draft output token for token) or "fast"."""
+        return "exact" if self.exact else "fast"
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "mode": "exact" if self.exact else "fast"}
+        return {**asdict(self), "mode": self.mode}
 
     def numbers(self) -> str:
         """The probe's timing of the chosen settings: '1-token step 45 ms, 8-token verify 86 ms (probe cached)'."""
@@ -113,7 +115,7 @@ class HostSettings:
     def summary(self) -> str:
         """One line for a stats panel: 'float32 · 2 threads · transposed linears (exact; probed in 3.1 s)'."""
         how = {"probe": f"probed in {self.probe_s:.1f} s", "cache": "probe cached", "user": "set by the user"}
-        mode = "exact" if self.exact else "fast mode: identical except at numerical ties"
+        mode = self.mode if self.exact else "fast mode: identical except at numerical ties"
         return f"{self.dtype} · {self.threads} thread{'s' * (self.threads != 1)} · {self.layout} linears ({mode}; " \
                f"{how.get(self.source, self.source)})"
 
@@ -154,60 +156,83 @@ def write_cached(path: Path, key: str, settings: HostSettings) -> None:
 
 
 # -- the probe ----------------------------------------------------------------------------------------------
-def time_forward(target, cache, n_tokens: int, reps: int = REPS) -> float:
-    """Median ms of one cached forward of `n_tokens` after the CONTEXT tokens in `cache` (cropped back each time)."""
-    gen = torch.Generator().manual_seed(n_tokens)
-    times = []
-    for _ in range(reps + 1):  # the first is a warm-up (thread pools, allocator, weight packing)
-        ids = torch.randint(0, target.vocab_size, (1, n_tokens), generator=gen)
-        t0 = time.perf_counter()
-        target.forward(ids, cache, capture=False)
-        times.append((time.perf_counter() - t0) * 1000)
-        target.crop(cache, CONTEXT)
-    return statistics.median(times[1:])
+def forward_ms(target, cache, n_tokens: int, gen: torch.Generator) -> float:
+    """ms of one cached forward of `n_tokens` after the CONTEXT tokens in `cache` (cropped back afterwards)."""
+    ids = torch.randint(0, target.vocab_size, (1, n_tokens), generator=gen)
+    t0 = time.perf_counter()
+    target.forward(ids, cache, capture=False)
+    ms = (time.perf_counter() - t0) * 1000
+    target.crop(cache, CONTEXT)
+    return ms
 
 
-def _measure(target, cache, block: int) -> dict:
-    step = time_forward(target, cache, 1)
-    verify = time_forward(target, cache, block) if block > 1 else 0.0
-    # A no-draft engine only ever takes one-token steps; a draft's block is one verify and about one step's worth
-    # of draft work, so a setting that is fast at both wins.
-    return {"step_ms": round(step, 2), "verify_ms": round(verify, 2), "score_ms": round(step + verify, 2)}
+def _measure(target, cache, block: int, variants: dict | None = None) -> dict:
+    """The fastest of REPS timings (after one warm-up) of a one-token step and a `block`-token verify, for each of
+    `variants` (name → a function that puts the model in that variant; None: the model as it is). Interleaved, so
+    a slow moment of a shared machine hits every variant alike; the minimum, because such moments only add time."""
+    variants = variants or {"": lambda: None}
+    sizes = [1, block] if block > 1 else [1]
+    gen = torch.Generator().manual_seed(block)
+    times: dict = {(v, n): [] for v in variants for n in sizes}
+    for rep in range(REPS + 1):  # rep 0 warms up: thread pools, allocator, first touch of the weights
+        for name, put in variants.items():
+            put()
+            for n in sizes:
+                ms = forward_ms(target, cache, n, gen)
+                if rep:
+                    times[(name, n)].append(ms)
+    out = {}
+    for name in variants:
+        step, verify = min(times[(name, 1)]), min(times[(name, block)]) if block > 1 else 0.0
+        # A no-draft engine only ever takes one-token steps; a draft's block is one verify and about one step's
+        # worth of draft work, so a setting that is fast at both wins.
+        out[name] = {"step_ms": round(step, 2), "verify_ms": round(verify, 2), "score_ms": round(step + verify, 2)}
+    return out if len(variants) > 1 else out[""]
 
 
-def _probe_dtype(model: nn.Module, dtype: str, block: int, threads: list[int]) -> list[dict]:
-    """Candidates for one dtype: the faster layout at the most threads, then the other thread counts with it."""
-    from dflash.packed import set_layout
+def _prepared(model: nn.Module, dtype: str, threads: int):
+    """A Target in `dtype` over `model` with CONTEXT tokens in its cache, timed at `threads`."""
     from dflash.target import Target
 
     target = Target(model, None, dtype=getattr(torch, dtype))
-    layers = target.model.model.layers
-    torch.set_num_threads(max(threads))
+    torch.set_num_threads(threads)
     cache = target.new_cache()
     target.forward(torch.arange(CONTEXT)[None] % target.vocab_size, cache, last_only=True, capture=False)
-    by_layout = {}
-    for layout in LAYOUTS:
-        set_layout(layers, layout)
-        by_layout[layout] = _measure(target, cache, block)
-    layout = min(by_layout, key=lambda k: by_layout[k]["score_ms"])
-    set_layout(layers, layout)
-    rows = [{"dtype": dtype, "threads": max(threads), "layout": layout, **by_layout[layout],
-             "other_layout_score_ms": by_layout[LAYOUTS[1 - LAYOUTS.index(layout)]]["score_ms"]}]
-    for n in sorted(set(threads) - {max(threads)}, reverse=True):
-        torch.set_num_threads(n)
-        rows.append({"dtype": dtype, "threads": n, "layout": layout, **_measure(target, cache, block)})
-    return rows
+    return target, cache
+
+
+def _best_layout(target, cache, dtype: str, threads: int, block: int) -> dict:
+    """Both layouts at `threads`, interleaved; the model is left in the faster one."""
+    from dflash.packed import LayoutSwitch
+
+    switch = LayoutSwitch(target.model.model.layers)
+    by_layout = _measure(target, cache, block, {lay: (lambda lay=lay: switch.set(lay)) for lay in LAYOUTS})
+    best = min(LAYOUTS, key=lambda k: by_layout[k]["score_ms"])
+    switch.set(best)  # the other layout's copy of the weights goes with `switch`
+    other = LAYOUTS[1 - LAYOUTS.index(best)]
+    return {"dtype": dtype, "threads": threads, "layout": best, **by_layout[best],
+            "other_layout_score_ms": by_layout[other]["score_ms"]}
 
 
 def probe(model: nn.Module, block: int, dtypes: list[str], threads: list[int]) -> HostSettings:
-    """Time each candidate on `model` (float32 on the CPU, left in the layout chosen for float32; other dtypes are
-    timed on a copy) and return the fastest. Seconds on a 135M model."""
+    """Time the candidates on `model` and return the fastest; about 3 s on a 135M model.
+
+    Each dtype at the most threads in both layouts, then fewer threads for the dtype that leads there only (what
+    keeps a first start short). float32 runs on `model` itself, left in its faster layout; other dtypes on a copy
+    taken before any layout switch."""
     t0 = time.perf_counter()
     before = torch.get_num_threads()
-    rows: list[dict] = []
+    most, rows, prepared = max(threads), [], {}
     try:
+        copies = {d: model if d == "float32" else copy.deepcopy(model) for d in dtypes}
         for dtype in dtypes:
-            rows += _probe_dtype(model if dtype == "float32" else copy.deepcopy(model), dtype, block, threads)
+            prepared[dtype] = _prepared(copies[dtype], dtype, most)
+            rows.append(_best_layout(*prepared[dtype], dtype, most, block))
+        lead = min(rows, key=lambda r: r["score_ms"])
+        target, cache = prepared[lead["dtype"]]
+        for n in sorted(set(threads) - {most}, reverse=True):
+            torch.set_num_threads(n)
+            rows.append({"dtype": lead["dtype"], "threads": n, "layout": lead["layout"], **_measure(target, cache, block)})
     finally:
         torch.set_num_threads(before)
     best = min(rows, key=lambda r: r["score_ms"])

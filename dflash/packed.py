@@ -108,5 +108,27 @@ def set_layout(layers: nn.Module, layout: str) -> int:
     return changed
 
 
+class LayoutSwitch:
+    """Both layouts of `layers`' linear weights held at once, so switching is a pointer swap, not a copy of every
+    weight: what lets the host probe interleave its timings of the two (the decoder's weights are held twice until
+    the switch is dropped)."""
+
+    def __init__(self, layers: nn.Module):
+        self.slots = [(parent, name) for parent in layers.modules() for name, child in parent.named_children()
+                      if type(child) in (nn.Linear, TransposedLinear)]
+        self.current = layout_of(layers)
+        self.built = {self.current: [getattr(parent, name) for parent, name in self.slots]}
+
+    def set(self, layout: str) -> None:
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout: must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        if layout not in self.built:
+            here = self.built[self.current]
+            self.built[layout] = [TransposedLinear(m) if layout == "transposed" else m.to_linear() for m in here]
+        for (parent, name), module in zip(self.slots, self.built[layout], strict=True):
+            setattr(parent, name, module)
+        self.current = layout
+
+
 def layout_of(layers: nn.Module) -> str:
     return "transposed" if any(type(m) is TransposedLinear for m in layers.modules()) else "linear"

@@ -16,11 +16,34 @@ UNIFORM_ACCEPT = 1  # the u in "accept if u < p/q" (rejection rule)
 GUMBEL_DRAFT = 2  # the draft's sample (rejection rule)
 
 
+_GAMMA = 0x9E3779B97F4A7C15  # SplitMix64's increment
+_MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
 def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    x = (x + _GAMMA) & _MASK64
+    x = ((x ^ (x >> 30)) * _MIX1) & _MASK64
+    x = ((x ^ (x >> 27)) * _MIX2) & _MASK64
     return x ^ (x >> 31)
+
+
+def _i64(c: int) -> int:
+    """A 64-bit pattern as the signed int64 torch stores."""
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns (torch's >> is arithmetic: mask off the copied sign bits)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def _splitmix64_(x: torch.Tensor) -> torch.Tensor:
+    """`_splitmix64` elementwise, in place, on an int64 tensor (int64 arithmetic wraps: it is arithmetic mod 2^64;
+    in place because the [rows, vocab] temporaries would cost as much as the arithmetic)."""
+    x.add_(_i64(_GAMMA))
+    x.bitwise_xor_(_shr(x, 30)).mul_(_i64(_MIX1))
+    x.bitwise_xor_(_shr(x, 27)).mul_(_i64(_MIX2))
+    return x.bitwise_xor_(_shr(x, 31))
 
 
 def position_seed(seed: int, position: int, stream: int = GUMBEL_TARGET) -> int:
@@ -28,26 +51,23 @@ def position_seed(seed: int, position: int, stream: int = GUMBEL_TARGET) -> int:
     return _splitmix64(_splitmix64(_splitmix64(seed) ^ position) ^ stream) >> 1
 
 
-def position_generator(seed: int, position: int, stream: int, device: torch.device | str = "cpu") -> torch.Generator:
-    gen = torch.Generator(device=device)
-    gen.manual_seed(position_seed(seed, position, stream))
-    return gen
-
-
 def gumbel_noise(seed: int, positions: list[int], vocab: int, stream: int = GUMBEL_TARGET, device: torch.device | str = "cpu") -> torch.Tensor:
     """[len(positions), vocab] float32 Gumbel(0,1) noise, row i from (seed, positions[i], stream), on `device`.
 
-    Drawn with CPU generators, then moved: the same (seed, position) gives the same noise on every device.
+    Counter-based: entry [i, j] is the j-th output of a SplitMix64 stream seeded with position_seed(...), computed
+    on `device` with integer ops, so a block costs a few elementwise kernels and no host-to-device copy of
+    vocabulary-sized noise. The 24-bit uniforms are the same bits on every device; the Gumbel transform is one
+    float32 log pair (a device's libm may round it one ulp differently).
     """
-    rows = []
-    for pos in positions:
-        u = torch.rand(vocab, generator=position_generator(seed, pos, stream, "cpu"), dtype=torch.float32)
-        rows.append(-torch.log(-torch.log(u.clamp_(min=1e-20, max=1.0 - 1e-7))))
-    return torch.stack(rows).to(device) if rows else torch.empty(0, vocab, device=device)
+    keys = torch.tensor([_i64(position_seed(seed, pos, stream)) for pos in positions], dtype=torch.int64, device=device)
+    state = torch.arange(vocab, dtype=torch.int64, device=device).mul_(_i64(_GAMMA)).add(keys[:, None])  # [R, V]
+    u = _shr(_splitmix64_(state), 40).to(torch.float32).add_(0.5).mul_(1.0 / (1 << 24))  # in (0, 1): never 0 or 1
+    return u.log_().neg_().log_().neg_()
 
 
 def uniform_noise(seed: int, positions: list[int], stream: int = UNIFORM_ACCEPT) -> list[float]:
-    return [float(torch.rand(1, generator=position_generator(seed, pos, stream, "cpu"))) for pos in positions]
+    """One uniform in (0, 1) per position: entry 0 of the stream `gumbel_noise` draws from, in plain Python."""
+    return [((_splitmix64(position_seed(seed, pos, stream)) >> 40) + 0.5) / (1 << 24) for pos in positions]
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:

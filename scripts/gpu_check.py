@@ -3,8 +3,9 @@
 Checks, each recorded in <out>/gpu_check.json and summarised in <out>/gpu_check.md:
 1. kernel_parity — every Triton kernel vs its PyTorch reference (computed on CPU copies: IEEE division, as the
    kernels' div_rn) over vocabularies 257 … 49152, blocks 1/4/16, batch 1 and 4, float32 and bfloat16 logits,
-   greedy / Gumbel / relaxed / top-k / top-p / speculative sampling; plus the per-call cost of the dispatch with
-   the kernel and with the reference on the device (synchronised, after warm-up).
+   greedy / Gumbel / relaxed / top-k / top-p / speculative sampling, and the engine's per-position noise computed
+   on the device vs on the CPU; plus the per-call cost of the dispatch with the kernel and with the reference on
+   the device and of the noise for a block (synchronised, after warm-up).
 2. oracle_accept — the draft's proposals scripted to be the target's own output (greedy and sampled), so every
    block must be accepted whole: the multi-token accept path and the cache crops run even on random weights;
    output must equal the target-only run, with the kernels and with the reference verification.
@@ -227,6 +228,14 @@ def check_kernel_parity(args, device: str) -> dict:
                     got = speculative_verify_batched(draft.to(device), q.to(device), logits.to(device), t, k, p,
                                                      u.to(device), g.to(device))
                     compare(f"spec V={vocab} n={n} {dtype} T={t} k={k} p={p}", expected, got)
+    from dflash.sampling import gumbel_noise  # the engine's noise, computed on the device: the same as on the CPU
+
+    for vocab in vocabs:
+        cases += 1
+        host, dev = (gumbel_noise(7, list(range(100, 116)), vocab, 2, where) for where in ("cpu", device))
+        if not torch.allclose(host, dev.cpu(), rtol=1e-6, atol=1e-6):
+            mismatches += 1
+            failures.append(f"gumbel_noise V={vocab}")
     result = {"ok": mismatches == 0, "cases": cases, "mismatches": mismatches, "failures": failures[:10]}
     if device == "cuda":  # cost per verification call through the dispatch, one sequence of block 16
         timings = {}
@@ -246,6 +255,11 @@ def check_kernel_parity(args, device: str) -> dict:
                 sync(device)
                 timings[f"match {label} [{mode}]"] = round((time.perf_counter() - t0) / 50 * 1e6, 1)
         os.environ["DFLASH_KERNELS"] = "auto"
+        t0 = time.perf_counter()
+        for _ in range(50):
+            gumbel_noise(7, list(range(100, 116)), vocab, 0, device)
+        sync(device)
+        timings["gumbel_noise for 16 positions"] = round((time.perf_counter() - t0) / 50 * 1e6, 1)
         result["us_per_call_V49152_block16"] = timings
     return result
 

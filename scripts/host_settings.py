@@ -1,7 +1,8 @@
 """The CPU settings the host probe chooses, recorded per machine and tabled in BENCHMARKS.md.
 
     python scripts/host_settings.py record   # a fresh probe of the default models on this machine (quiet machine!),
-                                             # plus the forward-cost profile: results/host/<cpu>.json, <cpu>-forward.json
+                                             # the forward-cost profile and `ar` in every setting against the default:
+                                             # results/host/<cpu>.json, <cpu>-forward.json, <cpu>-ar.json
     python scripts/host_settings.py table    # splice the "CPU settings per host" section of BENCHMARKS.md from them
 """
 
@@ -18,6 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "results" / "host"
 FORWARD = ["forward", "--dtypes", "float32,bfloat16", "--tokens", "1,2,3,4,8,16", "--reps", "4", "--threads", "2", "--json"]
+AR = ["settings", "--prompts", "mt-bench", "--limit", "10", "--max-new-tokens", "64", "--json"]
 START, END = "<!-- host-settings:start -->", "<!-- host-settings:end -->"
 
 
@@ -38,17 +40,18 @@ def record() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     doc = {"command": "python scripts/host_settings.py record", "load_average": load_average(), **info["host"]}
     (OUT / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    prof = subprocess.run([sys.executable, "-m", "dflash.bench.profile", *FORWARD], cwd=ROOT, capture_output=True,
-                          text=True, check=True)
-    forward = {"command": "python -m dflash.bench.profile " + " ".join(FORWARD), **json.loads(prof.stdout)}
-    (OUT / f"{name}-forward.json").write_text(json.dumps(forward, indent=1) + "\n")
-    print(f"wrote results/host/{name}.json and {name}-forward.json")
+    for suffix, argv in (("forward", FORWARD), ("ar", AR)):
+        prof = subprocess.run([sys.executable, "-m", "dflash.bench.profile", *argv], cwd=ROOT, capture_output=True,
+                              text=True, check=True)
+        doc = {"command": "python -m dflash.bench.profile " + " ".join(argv), **json.loads(prof.stdout)}
+        (OUT / f"{name}-{suffix}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote results/host/{name}.json, {name}-forward.json and {name}-ar.json")
 
 
 def settings_rows() -> list[str]:
     rows = ["| host (CPU flags) | candidate | 1-token step | verify (block) | chosen | probe time |", "|---|---|---|---|---|---|"]
     for path in sorted(OUT.glob("*.json")):
-        if path.stem.endswith("-forward"):
+        if path.stem.endswith(("-forward", "-ar")):
             continue
         d = json.loads(path.read_text())
         host = f"{d['machine']['cpu_model']}, {d['machine']['cores']} cores ({', '.join(d['machine']['cpu_flags'])})"
@@ -75,6 +78,31 @@ def forward_rows() -> list[str]:
     return rows
 
 
+def ar_rows() -> list[str]:
+    rows = ["| host | setting | decode tok/s | vs default | same tokens as default |", "|---|---|---|---|---|"]
+    for path in sorted(OUT.glob("*-ar.json")):
+        d = json.loads(path.read_text())["result"]
+        name = path.stem.removesuffix("-ar")
+        for r in sorted(d["rows"], key=lambda r: -r["tokens_per_s"]):
+            label = f"**{r['setting']}**" if r["setting"] in ("default", "hf-generate") else r["setting"]
+            rows.append(f"| {name} | {label} | {r['tokens_per_s']:.1f} | {r['vs_default']:.2f}× | "
+                        f"{r['same_output_as_default']}/{d['n_prompts']} |")
+            name = ""
+    return rows
+
+
+def ar_verdicts() -> list[str]:
+    out = []
+    for path in sorted(OUT.glob("*-ar.json")):
+        d = json.loads(path.read_text())["result"]
+        host = d["host"] or {}
+        out.append(f"- {path.stem.removesuffix('-ar')}: the default ({host.get('dtype')}, {host.get('threads')} "
+                   f"threads, {host.get('layout')}) decodes at **{d['default_vs_best_fixed']:.2f}×** the fastest "
+                   f"fixed setting ({d['best_fixed']}) and **{d['default_vs_hf_generate']:.2f}×** `hf-generate` in "
+                   f"the same settings ({d['n_prompts']} MT-Bench prompts × {d['max_new_tokens']} tokens).")
+    return out
+
+
 def table() -> None:
     commands = sorted({json.loads(p.read_text())["command"] for p in OUT.glob("*.json")})
     body = "\n".join([
@@ -89,6 +117,13 @@ def table() -> None:
         "One target forward by number of tokens (ms, median, the faster LM-head path; 256-token context):",
         "",
         *forward_rows(),
+        "",
+        "`ar` (the no-draft loop) in the default settings against every fixed setting and `hf-generate`, interleaved "
+        "in one process (decode tokens/s; bfloat16 tokens may differ from the float32 default at numerical ties):",
+        "",
+        *ar_rows(),
+        "",
+        *ar_verdicts(),
         END,
     ])
     path = ROOT / "BENCHMARKS.md"

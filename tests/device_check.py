@@ -113,3 +113,20 @@ class SimulatedDevice:
     def put(self, t: torch.Tensor | None) -> torch.Tensor | None:
         """t's data on the simulated device (None stays None)."""
         return None if t is None else OnDevice(t.detach().cpu())
+
+
+class CopiesToDevice(TorchDispatchMode):
+    """Inside a SimulatedDevice: records the element count of every copy from the CPU onto the simulated device
+    (what a CUDA host would send over PCIe), in `sizes`."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        src = args[1] if func is aten.copy_.default else args[0]
+        to_device = _is_device(kwargs.get("device")) or (func is aten.copy_.default and isinstance(args[0], OnDevice))
+        if func in (aten._to_copy.default, aten.copy_.default) and to_device and not isinstance(src, OnDevice):
+            self.sizes.append(src.numel())
+        return func(*args, **kwargs)

@@ -249,6 +249,31 @@ def test_profile_tool_measures_the_tiny_target(bench_dir, capsys):
     assert all(r["n_matrices"] == 4 * 7 for r in rows)  # 4 layers × (q, k, v, o, gate, up, down)
 
 
+def test_settings_profile_runs_every_fixed_setting_against_the_default(bench_dir, capsys):
+    """`profile settings`: ar in the default settings, hf-generate in the same, and ar in every dtype × threads ×
+    layout, interleaved; float32 in either layout and at any thread count gives the default's (float32) tokens."""
+    from dflash.bench.profile import main as profile_main
+    from dflash.host import thread_candidates
+
+    d, _ = bench_dir
+    assert profile_main(["settings", "--target", str(d / "target"), "--prompts", str(d / "prompts.jsonl"), "--limit",
+                         "2", "--max-new-tokens", "8", "--dtype", "float32", "--threads", "1", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)["result"]
+    rows = {r["setting"]: r for r in res["rows"]}
+    fixed = [f"{dt}, {n} thread{'s' * (n != 1)}, {lay}" for dt in ("float32", "bfloat16")
+             for lay in ("linear", "transposed") for n in thread_candidates()]
+    assert list(rows) == ["default", "hf-generate", *fixed] and res["n_prompts"] == 2
+    assert all(r["decode_tokens"] > 0 and r["tokens_per_s"] > 0 for r in rows.values())
+    assert all(rows[n]["same_output_as_default"] == 2 for n in ["hf-generate", *fixed] if not n.startswith("bfloat16"))
+    best = max(fixed, key=lambda n: rows[n]["tokens_per_s"])
+    assert res["best_fixed"] == best
+    assert res["default_vs_best_fixed"] == pytest.approx(rows["default"]["tokens_per_s"] / rows[best]["tokens_per_s"],
+                                                         abs=2e-3)
+    assert res["default_vs_hf_generate"] == pytest.approx(1 / rows["hf-generate"]["vs_default"], abs=5e-3)
+    assert profile_main(["settings", "--target", str(d / "target"), "--limit", "0"]) == 2
+    assert "limit: must be in [1, 1000]" in capsys.readouterr().err
+
+
 # -- logit drift: a block verify against the one-token step ------------------------------------------------------------
 def test_teacher_forcing_gives_the_no_draft_runs_logits_both_ways():
     """One token per forward reproduces the no-draft engine's greedy tokens; both ways give the logits of a plain

@@ -53,6 +53,31 @@ def test_transposed_linear_computes_the_same_product_and_swaps_back_exactly():
         set_layout(block, "diagonal")
 
 
+def test_a_layout_switch_holds_both_layouts_and_swaps_pointers():
+    from torch import nn
+
+    from dflash.packed import LayoutSwitch, TransposedLinear, layout_of
+
+    torch.manual_seed(2)
+    block = nn.Sequential(nn.Linear(32, 48, bias=False), nn.GELU(), nn.Sequential(nn.Linear(48, 32)))
+    originals = [block[0], block[2][0]]
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        ref = block(x)
+        switch = LayoutSwitch(block)
+        assert switch.current == "linear" and len(switch.slots) == 2
+        switch.set("transposed")
+        assert layout_of(block) == "transposed" and isinstance(block[2][0], TransposedLinear)
+        assert torch.allclose(block(x), ref, atol=1e-5)
+        built = [block[0], block[2][0]]
+        switch.set("linear")
+        assert [block[0], block[2][0]] == originals  # the very modules: no copy back
+        switch.set("transposed")
+        assert [block[0], block[2][0]] == built  # built once
+    with pytest.raises(ValueError, match="layout"):
+        switch.set("diagonal")
+
+
 def test_a_target_in_the_transposed_layout_keeps_greedy_dflash_lossless():
     """The layout the host probe may choose changes how the decoder multiplies, not what the engine commits:
     greedy DFlash output still equals the no-draft output token for token (float32)."""

@@ -8,9 +8,9 @@ from collections import Counter
 import pytest
 import torch
 
-from device_check import SimulatedDevice
-from dflash.sampling import (GUMBEL_DRAFT, GUMBEL_TARGET, UNIFORM_ACCEPT, filter_logits, gumbel_noise, position_seed,
-                             sample_with_noise, target_probs, uniform_noise)
+from device_check import CopiesToDevice, SimulatedDevice
+from dflash.sampling import (_GAMMA, _MASK64, GUMBEL_DRAFT, GUMBEL_TARGET, UNIFORM_ACCEPT, _splitmix64, filter_logits,
+                             gumbel_noise, position_seed, sample_with_noise, target_probs, uniform_noise)
 
 NEG = float("-inf")
 
@@ -132,14 +132,20 @@ def test_target_probs_is_normalised_filtered_softmax():
 
 def test_sampling_functions_keep_tensors_on_the_inputs_device():
     """On an accelerator (simulated: a CPU tensor mixed in raises, as on CUDA) every result stays on the logits'
-    device and equals the CPU result; the noise is drawn on the CPU (the same on every device) and then moved."""
+    device and equals the CPU result; the noise is computed on the device from one key per position: nothing of the
+    vocabulary's size is copied from the host."""
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(3, 40, generator=gen) * 2
     g = gumbel_noise(5, [7, 8, 9], 40)
     with SimulatedDevice() as dev:
         x = dev.put(logits)
-        noise = gumbel_noise(5, [7, 8, 9], 40, device=dev.device)
+        with CopiesToDevice() as copies:
+            noise = gumbel_noise(5, [7, 8, 9], 40, device=dev.device)
         assert noise.device == dev.device and noise.tolist() == g.tolist()
+        assert max(copies.sizes, default=0) <= 3, copies.sizes  # at most the three keys
+        with CopiesToDevice() as copies:
+            dev.put(torch.zeros(3, 40)).add_(torch.ones(3, 40).to(dev.device))
+        assert copies.sizes == [120]  # the recorder sees a host-to-device copy
         assert gumbel_noise(5, [], 40, device=dev.device).device == dev.device
         for k, p in ((0, 1.0), (5, 1.0), (0, 0.7), (9, 0.5)):
             for out, expected in ((filter_logits(x, k, p), filter_logits(logits, k, p)),
@@ -149,3 +155,25 @@ def test_sampling_functions_keep_tensors_on_the_inputs_device():
         onehot = target_probs(x, 0.0)
         assert onehot.device == dev.device and onehot.tolist() == target_probs(logits, 0.0).tolist()
         assert sample_with_noise(x, 0.0, 0, 1.0, None).tolist() == logits.argmax(-1).tolist()
+
+
+def test_noise_is_a_splitmix64_stream_per_position():
+    """Row i of the noise is the SplitMix64 stream seeded with position_seed(seed, positions[i], stream): the int64
+    tensor arithmetic (wrapping, arithmetic shifts masked) gives the same bits as the exact Python integers."""
+    for seed, pos, stream in ((0, 0, GUMBEL_TARGET), (2**40 + 7, 123_456, GUMBEL_DRAFT), (31337, 5, UNIFORM_ACCEPT)):
+        key = position_seed(seed, pos, stream)
+        row = gumbel_noise(seed, [pos], 49152, stream)[0]
+        for j in (0, 1, 2, 777, 49151):
+            u = ((_splitmix64((key + j * _GAMMA) & _MASK64) >> 40) + 0.5) / (1 << 24)
+            assert row[j].item() == pytest.approx(-math.log(-math.log(u)), rel=1e-6, abs=1e-6)
+        assert uniform_noise(seed, [pos], stream) == [((_splitmix64(key) >> 40) + 0.5) / (1 << 24)]
+    g = gumbel_noise(11, list(range(64)), 4096)
+    assert abs(g.mean().item() - 0.5772) < 0.01 and abs(g.std().item() - math.pi / math.sqrt(6)) < 0.01  # Gumbel(0, 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_noise_on_cuda_equals_the_cpu_noise():
+    cpu = gumbel_noise(3, list(range(40, 56)), 49152, GUMBEL_DRAFT)
+    gpu = gumbel_noise(3, list(range(40, 56)), 49152, GUMBEL_DRAFT, "cuda")
+    assert gpu.device.type == "cuda" and torch.allclose(cpu, gpu.cpu(), rtol=1e-6, atol=1e-6)

@@ -15,6 +15,9 @@
             [--max-new-tokens 48] [--block 8] [--device cuda]
         the logits of a `--block`-token verify vs the one-token step on the no-draft greedy output, per dtype:
         what the tie bounds of dflash.stats.TIE_BOUND are set from (dflash.bench.drift).
+    python -m dflash.bench.profile settings [--prompts mt-bench] [--limit 8] [--max-new-tokens 64]
+        `ar` in the default (host-probed) settings vs `hf-generate` in the same settings and `ar` in every fixed
+        dtype × threads × layout, interleaved (dflash.bench.settings).
 
 Options shared with the CLI: --preset/--target/--draft/--dtype/--threads. Keep runs small on a shared CPU.
 """
@@ -29,7 +32,7 @@ import time
 
 import torch
 
-from dflash.bench import drift
+from dflash.bench import drift, settings
 from dflash.cli import add_model_args, engine_from_args
 from dflash.errors import DFlashError
 
@@ -210,16 +213,17 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument("--max-new-tokens", type=int, default=32)
     h.add_argument("--repeats", type=int, default=2)
     d = drift.add_parser(sub)
-    for q in (f, o, g, h, d):
+    s = settings.add_parser(sub)
+    for q in (f, o, g, h, d, s):
         add_model_args(q)
-        if q is not d:
+        if q not in (d, s):
             q.add_argument("--random-draft", type=int, metavar="LAYERS", help="a random draft sized for the target")
         q.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     modes = {"forward": forward_costs, "ops": op_profile, "gemm": gemm_costs, "head-ab": head_ab,
-             "logit-drift": drift.logit_drift}
+             "logit-drift": drift.logit_drift, "settings": settings.ar_settings}
     try:
         result = modes[args.mode](args)
     except DFlashError as exc:  # a bad option or model: the message names it

@@ -1,0 +1,115 @@
+"""`profile settings`: is the host probe's choice the fastest for plain decoding? `ar` with the default settings,
+`hf-generate` with the same settings, and `ar` with every fixed setting — dtype {float32, bfloat16} × threads
+(1, half and all usable cores) × decoder layout {linear, transposed} — interleaved on each prompt in one process.
+
+Each fixed setting runs on its own copy of the weights, so switching between them costs nothing timed. The result
+gives decode tokens/s per setting (total tokens / total decode time over the prompts), the default's ratio to the
+fastest fixed setting and to `hf-generate`, and how many outputs equal the default's.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from dflash.bench.runner import BenchConfig, PromptItem, prepare_prompts, run_method
+from dflash.engine import Engine
+from dflash.errors import ValidationError
+from dflash.host import thread_candidates
+from dflash.packed import LAYOUTS
+from dflash.target import Target
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # "default", "hf-generate" or "float32, 2 threads, transposed"
+    engine: Engine
+    threads: int
+    method: str = "ar"
+
+
+def fixed_settings(model: torch.nn.Module, tokenizer, name: str, dtypes: list[str], threads: list[int]) -> list[Setting]:
+    """One no-draft engine per (dtype, layout), each on its own copy of `model` (as loaded: float32, no hooks), at
+    each thread count."""
+    out = []
+    for dtype in dtypes:
+        for layout in LAYOUTS:
+            target = Target(copy.deepcopy(model), tokenizer, name=name, dtype=DTYPES[dtype], layout=layout)
+            e = Engine(target, name=name)
+            out += [Setting(f"{dtype}, {n} thread{'s' * (n != 1)}, {layout}", e, n) for n in threads]
+    return out
+
+
+def measure(engine: Engine, items: list[PromptItem], settings: list[Setting], max_new_tokens: int) -> dict:
+    """Every setting on every prompt, the order rotated by one per prompt; greedy. Returns the summary dict."""
+    cfg = BenchConfig(methods=("ar", "hf-generate"), request={"max_new_tokens": max_new_tokens, "deadline_s": None})
+    default_threads = torch.get_num_threads()
+    before = default_threads
+    tokens = {s.name: 0 for s in settings}
+    ms = {s.name: 0.0 for s in settings}
+    same = {s.name: 0 for s in settings}
+    try:
+        for s in settings:  # warm-up: first-call allocations and packing, untimed
+            torch.set_num_threads(s.threads or default_threads)
+            run_method(s.engine, s.method, items[0].ids, cfg, max_new_tokens=min(8, max_new_tokens))
+        for i, item in enumerate(items):
+            k = i % len(settings)
+            outputs = {}
+            for s in settings[k:] + settings[:k]:
+                torch.set_num_threads(s.threads or default_threads)
+                out = run_method(s.engine, s.method, item.ids, cfg)
+                tokens[s.name] += out.decode_tokens
+                ms[s.name] += out.decode_ms
+                outputs[s.name] = out.output_ids
+            for name, ids in outputs.items():
+                same[name] += ids == outputs["default"]
+    finally:
+        torch.set_num_threads(before)
+    return summarize(settings, tokens, ms, same, len(items))
+
+
+def summarize(settings: list[Setting], tokens: dict, ms: dict, same: dict, n_prompts: int) -> dict:
+    rate = {n: tokens[n] / (ms[n] / 1000) if ms[n] > 0 else 0.0 for n in tokens}
+    fixed = [s.name for s in settings if s.name not in ("default", "hf-generate")]
+    best = max(fixed, key=lambda n: rate[n])
+    rows = [{"setting": s.name, "method": s.method, "threads": s.threads, "decode_tokens": tokens[s.name],
+             "decode_ms": round(ms[s.name], 1), "tokens_per_s": round(rate[s.name], 2),
+             "vs_default": round(rate[s.name] / rate["default"], 3) if rate["default"] else None,
+             "same_output_as_default": same[s.name]} for s in settings]
+    return {"n_prompts": n_prompts, "rows": rows, "best_fixed": best,
+            "default_vs_best_fixed": round(rate["default"] / rate[best], 3) if rate[best] else None,
+            "default_vs_hf_generate": round(rate["default"] / rate["hf-generate"], 3) if rate.get("hf-generate") else None}
+
+
+def ar_settings(args) -> dict:
+    """`profile settings`: the engine of --preset/--target in its default (probed) settings against the rest."""
+    from dflash.cli import engine_from_args
+    from dflash.load import load_target_model
+
+    if not 1 <= args.limit <= 1000:
+        raise ValidationError("limit", f"must be in [1, 1000], got {args.limit}")
+    if not 2 <= args.max_new_tokens <= 4096:
+        raise ValidationError("max_new_tokens", f"must be in [2, 4096], got {args.max_new_tokens}")
+    engine, info = engine_from_args(args)
+    if engine.target.device.type != "cpu":
+        raise ValidationError("device", "profile settings compares CPU settings: run it on the CPU")
+    items = prepare_prompts(engine, args.prompts, args.limit)
+    threads = engine.host.threads if engine.host else torch.get_num_threads()
+    settings = [Setting("default", engine, threads), Setting("hf-generate", engine, threads, "hf-generate")]
+    model, tokenizer = load_target_model(info["target"])  # a fresh float32 copy for the fixed settings
+    settings += fixed_settings(model, tokenizer, engine.name, list(DTYPES), thread_candidates())
+    del model
+    return {"host": info.get("host"), "max_new_tokens": args.max_new_tokens, "prompts": args.prompts,
+            **measure(engine, items, settings, args.max_new_tokens)}
+
+
+def add_parser(sub):
+    s = sub.add_parser("settings", help="ar with the default settings vs every fixed dtype/threads/layout, and hf-generate")
+    s.add_argument("--prompts", default="mt-bench", help="a prompt set or a .jsonl file (as in `bench`)")
+    s.add_argument("--limit", type=int, default=8)
+    s.add_argument("--max-new-tokens", type=int, default=64)
+    return s
