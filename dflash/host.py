@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import platform
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -168,8 +167,9 @@ def forward_ms(target, cache, n_tokens: int, gen: torch.Generator) -> float:
 
 def _measure(target, cache, block: int, variants: dict | None = None) -> dict:
     """The fastest of REPS timings (after one warm-up) of a one-token step and a `block`-token verify, for each of
-    `variants` (name → a function that puts the model in that variant; None: the model as it is). Interleaved, so
-    a slow moment of a shared machine hits every variant alike; the minimum, because such moments only add time."""
+    `variants` (name → a function that puts the model in that variant; None: {"": the model as it is}), returned
+    by variant name. Interleaved, so a slow moment of a shared machine hits every variant alike; the minimum,
+    because such moments only add time."""
     variants = variants or {"": lambda: None}
     sizes = [1, block] if block > 1 else [1]
     gen = torch.Generator().manual_seed(block)
@@ -189,7 +189,7 @@ def _measure(target, cache, block: int, variants: dict | None = None) -> dict:
         # A no-draft engine only ever takes one-token steps; a draft's block is one verify and about one step's
         # worth of draft work, so a setting that is fast at both wins.
         out[name] = {"step_ms": round(step, 2), "verify_ms": round(verify, 2), "score_ms": round(step + verify, 2)}
-    return out if len(variants) > 1 else out[""]
+    return out
 
 
 def _prepared(model: nn.Module, dtype: str, threads: int):
@@ -234,7 +234,7 @@ def probe(model: nn.Module, block: int, dtypes: list[str], threads: list[int]) -
         target, cache = prepared[lead["dtype"]]
         for n in sorted(set(threads) - {most}, reverse=True):
             torch.set_num_threads(n)
-            rows.append({"dtype": lead["dtype"], "threads": n, "layout": lead["layout"], **_measure(target, cache, block)})
+            rows.append({"dtype": lead["dtype"], "threads": n, "layout": lead["layout"], **_measure(target, cache, block)[""]})
     finally:
         torch.set_num_threads(before)
     best = min(rows, key=lambda r: r["score_ms"])

@@ -76,9 +76,8 @@ def knob_verdict() -> str:
             f"Lossy (emitted tokens that differ from the target's own): {', '.join(lossy) or 'none'}.")
 
 
-def machine() -> str:
-    """The host of the headline run, from its JSON: CPU, flags, the settings the probe chose, software, load."""
-    d = json.loads((res / "mtbench-greedy.json").read_text())
+def machine(d: dict) -> str:
+    """The host of the headline run `d` (its JSON): CPU, flags, the settings the probe chose, software, load."""
     m, host = d["machine"], d["models"].get("host") or {}
     flags = ", ".join((host.get("machine") or {}).get("cpu_flags", [])) or m.get("cpu_capability", "?")
     load = d["machine"]["load_average"]
@@ -93,19 +92,19 @@ def machine() -> str:
             "interleaved on each prompt.")
 
 
-def mtbench_scope() -> str:
-    d = json.loads((res / "mtbench-greedy.json").read_text())
+def mtbench_scope(d: dict) -> str:
     return f"{d['config']['n_prompts']} MT-Bench first turns × {d['config']['request'].get('max_new_tokens', 128)} new tokens"
 
 
+headline = json.loads((res / "mtbench-greedy.json").read_text())
 body = f"""## Machine
 
-{machine()}
+{machine(headline)}
 
 ## Headline tables (default models, the shipped draft)
 
 Measured with `bash scripts/final_bench.sh` on a quiet machine, with the host probe's settings (no `--dtype` or
-`--threads`): the full MT-Bench set ({mtbench_scope()}) for all four methods, subsets for HumanEval, sampling and
+`--threads`): the full MT-Bench set ({mtbench_scope(headline)}) for all four methods, subsets for HumanEval, sampling and
 the knobs. Each table's own command line is printed above it; `--preset default` and the defaults complete it.
 The draft's own evaluation (τ on all 80 MT-Bench first turns and 80 HumanEval problems) is in
 [assets/draft-smollm2-135m/TRAINING.md](assets/draft-smollm2-135m/TRAINING.md).

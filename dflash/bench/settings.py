@@ -47,20 +47,19 @@ def fixed_settings(model: torch.nn.Module, tokenizer, name: str, dtypes: list[st
 def measure(engine: Engine, items: list[PromptItem], settings: list[Setting], max_new_tokens: int) -> dict:
     """Every setting on every prompt, the order rotated by one per prompt; greedy. Returns the summary dict."""
     cfg = BenchConfig(methods=("ar", "hf-generate"), request={"max_new_tokens": max_new_tokens, "deadline_s": None})
-    default_threads = torch.get_num_threads()
-    before = default_threads
+    before = torch.get_num_threads()
     tokens = {s.name: 0 for s in settings}
     ms = {s.name: 0.0 for s in settings}
     same = {s.name: 0 for s in settings}
     try:
         for s in settings:  # warm-up: first-call allocations and packing, untimed
-            torch.set_num_threads(s.threads or default_threads)
+            torch.set_num_threads(s.threads)
             run_method(s.engine, s.method, items[0].ids, cfg, max_new_tokens=min(8, max_new_tokens))
         for i, item in enumerate(items):
             k = i % len(settings)
             outputs = {}
             for s in settings[k:] + settings[:k]:
-                torch.set_num_threads(s.threads or default_threads)
+                torch.set_num_threads(s.threads)
                 out = run_method(s.engine, s.method, item.ids, cfg)
                 tokens[s.name] += out.decode_tokens
                 ms[s.name] += out.decode_ms
