@@ -27,7 +27,8 @@ class DFlashConfig:
     diffusion_steps: int = 1
     confidence_threshold: float = 0.9
     acceptance_threshold: float = 1.0  # 1.0 = exact (lossless); < 1 is lossy
-    adaptive: str | None = None  # fixed | slow-start | cost; None: slow-start if max_block_size > block_size
+    # auto | fixed | slow-start | cost; None: slow-start if max_block_size > block_size, else auto
+    adaptive: str | None = None
     verify: str = "match"
     dtype: str | None = None
     device: str | None = None
@@ -43,7 +44,7 @@ class DFlashConfig:
             return self.adaptive
         if self.max_block_size and (self.block_size is None or self.max_block_size > self.block_size):
             return "slow-start"
-        return "fixed"
+        return "auto"
 
     def request(self, **kw: Any) -> Request:
         return Request(block_size=self.block_size, max_block_size=self.max_block_size, min_block_size=self.min_block_size,

@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 
+from dflash.adaptive import POLICIES
 from dflash.errors import DFlashError, ValidationError
 
 # Subcommands living in their own packages: module path → function adding the parser.
@@ -43,7 +44,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="sampling rule: match = target's own seeded sample (exact, reproducible); rejection = Leviathan")
     g.add_argument("--steps", type=int, default=1, help="denoising steps per block (1 = the paper's single pass)")
     g.add_argument("--confidence-threshold", type=float, default=0.9, help="commit positions at least this confident (steps > 1)")
-    g.add_argument("--adaptive", choices=["fixed", "slow-start", "cost"], default="fixed", help="block-size controller")
+    g.add_argument("--adaptive", choices=list(POLICIES), default="auto",
+                   help="block-size controller (auto: cost on a CPU, fixed on a GPU)")
     g.add_argument("--min-block-size", type=int, default=2)
     g.add_argument("--max-block-size", type=int)
     g.add_argument("--acceptance-threshold", type=float, default=1.0, help="1.0 = exact; < 1 relaxed and LOSSY")

@@ -8,6 +8,7 @@ same loop verifies blocks of size 1: the autoregressive baseline. Per-request st
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import threading
@@ -20,7 +21,7 @@ import torch
 
 from dflash import events as ev
 from dflash.adaptive import Outcome as StepOutcome
-from dflash.adaptive import make_controller
+from dflash.adaptive import make_controller, resolve
 from dflash.draft import DFlashDraftModel, DraftConfig
 from dflash.drafter import Drafter, DraftProposer, Proposal
 from dflash.errors import BusyError, ModelLoadError, ValidationError
@@ -170,6 +171,9 @@ class Engine:
         prompt_ids, sizes = self.validate(request)
         if not blocking and self._lock.locked():
             raise BusyError("the engine is busy with another request")
+        # "auto" becomes the policy it stands for on this device, so the Started event (the trace, the history)
+        # records the one that ran.
+        request = dataclasses.replace(request, adaptive=resolve(request.adaptive, self.target.device.type))
         return self._run(request, prompt_ids, sizes, cancel or threading.Event(), blocking)
 
     def validate(self, request: Request) -> tuple[list[int], tuple[int, int, int]]:

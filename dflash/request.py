@@ -59,7 +59,7 @@ class Request:
     diffusion_steps: int = 1
     confidence_threshold: float = 0.9
     acceptance_threshold: float = 1.0  # < 1 is lossy (relaxed verification)
-    adaptive: str = "fixed"
+    adaptive: str = "auto"  # block-size policy; auto: cost on a CPU, fixed on a GPU (dflash.adaptive.resolve)
     min_block_size: int = 2
     max_block_size: int | None = None  # None: the draft's trained block size
     verify: str = "match"

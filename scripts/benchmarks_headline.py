@@ -53,12 +53,26 @@ def verdict() -> str:
     same = [s[m]["identical"] for s in runs for m in s if m != "ar" and s[m].get("identical")]
     n_same, n_all = sum(i["n_identical"] for i in same), sum(i["n_compared"] for i in same)
     faster = "faster" if min(sp["dflash"]) > 1 else "slower" if max(sp["dflash"]) < 1 else "mixed"
-    return (f"**Verdict on this CPU, from the tables below: with the shipped draft (τ {span(tau)}) DFlash ran at "
+    policy = policy_words(json.loads((res / f"{HEADLINES[0]}.json").read_text()))
+    return (f"**Verdict on this CPU, from the tables below: with the shipped draft (τ {span(tau)}) and {policy}, "
+            f"DFlash ran at "
             f"{span(sp['dflash'])}× the autoregressive baseline ({faster}); transformers' prompt lookup at "
             f"{span(sp['hf-prompt-lookup'])}× and `hf-generate` at {span(sp['hf-generate'])}× of `ar` (the engine's own "
             f"no-draft loop); greedy outputs "
             f"identical to `ar`: {n_same} of {n_all} comparisons.** Break-even needs τ above the verify's cost ratio "
             "(see \"The verify's cost on a CPU\" below).")
+
+
+def policy_words(d: dict) -> str:
+    """The block-size policy of a result file's runs, as the engine resolved it on the CPU they ran on."""
+    import sys
+
+    sys.path.insert(0, str(root))
+    from dflash.adaptive import resolve
+
+    asked = d["config"]["request"].get("adaptive", "fixed")
+    ran = resolve(asked, "cpu")
+    return f"the `{asked}` block policy (`{ran}` on a CPU)" if asked != ran else f"the `{ran}` block policy"
 
 
 def knob_verdict() -> str:
@@ -119,14 +133,12 @@ The draft's own evaluation (τ on all 80 MT-Bench first turns and 80 HumanEval p
 
 ### The knobs on the shipped draft
 
+Each row changes one setting and keeps the other defaults, so the block policy is `auto` (the cost policy on a CPU)
+unless the row sets `--adaptive`; `--adaptive fixed` is the paper's fixed block of the draft's trained size (8).
+
 {knob_rows()}
 
 {knob_verdict()} Raw JSON for every row: `results/`.
-
-The fastest knob on more prompts (measured after the tables above, at a slower hour of this VM; the ratio to `ar`
-is from its own interleaved run):
-
-{table("knob-adaptivecost-mtbench40")}
 
 ### Longer runs (not run here)
 

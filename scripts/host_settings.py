@@ -79,12 +79,14 @@ def forward_rows() -> list[str]:
 
 
 def ar_rows() -> list[str]:
+    from dflash.bench.settings import DEFAULTS
+
     rows = ["| host | setting | decode tok/s | vs default | same tokens as default |", "|---|---|---|---|---|"]
     for path in sorted(OUT.glob("*-ar.json")):
         d = json.loads(path.read_text())["result"]
         name = path.stem.removesuffix("-ar")
         for r in sorted(d["rows"], key=lambda r: -r["tokens_per_s"]):
-            label = f"**{r['setting']}**" if r["setting"] in ("default", "hf-generate") else r["setting"]
+            label = f"**{r['setting']}**" if r["setting"] in DEFAULTS else r["setting"]
             rows.append(f"| {name} | {label} | {r['tokens_per_s']:.1f} | {r['vs_default']:.2f}× | "
                         f"{r['same_output_as_default']}/{d['n_prompts']} |")
             name = ""
@@ -101,6 +103,11 @@ def ar_verdicts() -> list[str]:
                    f"fixed setting ({d['best_fixed']}) and **{d['default_vs_hf_generate']:.2f}×** `hf-generate` in "
                    f"the same settings ({d['n_prompts']} MT-Bench prompts × {d['max_new_tokens']} tokens; the probe of that run "
                    f"took {host.get('probe_s')} s).")
+        plain = d.get("host_no_draft")
+        if plain and d.get("no_draft_default_vs_best_fixed"):
+            out.append(f"  Loaded without the draft (plain decoding: probed on the one-token step alone) the engine "
+                       f"chose {plain['dtype']}, {plain['threads']} threads, {plain['layout']} ({plain['mode']}) and "
+                       f"decodes at **{d['no_draft_default_vs_best_fixed']:.2f}×** the fastest fixed setting.")
     return out
 
 
@@ -131,9 +138,9 @@ def table() -> None:
         *ar_verdicts(),
         "",
         "The probe scores a setting by its one-token step plus a verify of the draft's block, what a DFlash block "
-        "costs, so with a draft loaded it can choose a setting that is not the fastest for `ar` alone (an engine "
-        "without a draft is probed on the step only). This VM's speed also varied by hour (a shared host): compare "
-        "ratios within one run, not absolute times across runs.",
+        "costs, so with a draft loaded it can choose a setting that is not the fastest for `ar` alone; an engine "
+        "without a draft is probed on the step only (the \"default, no draft\" row). This VM's speed also varied by "
+        "hour (a shared host): compare ratios within one run, not absolute times across runs.",
         END,
     ])
     path = ROOT / "BENCHMARKS.md"

@@ -7,16 +7,27 @@ import random
 
 import pytest
 
-from dflash.adaptive import POLICIES, Controller, CostAware, Outcome, SlowStart, make_controller
+from dflash.adaptive import POLICIES, Controller, CostAware, Outcome, SlowStart, make_controller, resolve
+
+CONTROLLERS = [p for p in POLICIES if p != "auto"]
 
 
 def test_policies_and_factory():
-    assert set(POLICIES) == {"fixed", "slow-start", "cost"}
+    assert set(POLICIES) == {"auto", "fixed", "slow-start", "cost"}
     assert type(make_controller("fixed", 8, 2, 16)) is Controller
     assert isinstance(make_controller("slow-start", 8, 2, 16), SlowStart)
     assert isinstance(make_controller("cost", 8, 2, 16), CostAware)
-    with pytest.raises(ValueError, match="adaptive"):
-        make_controller("tcp", 8, 2, 16)
+    for unknown in ("tcp", "auto"):  # "auto" names a choice by device: the engine resolves it first
+        with pytest.raises(ValueError, match="adaptive"):
+            make_controller(unknown, 8, 2, 16)
+
+
+def test_auto_is_cost_on_a_cpu_and_fixed_elsewhere():
+    assert resolve("auto", "cpu") == "cost"
+    assert resolve("auto", "cuda") == "fixed"
+    assert resolve("auto", "mps") == "fixed"
+    for policy in CONTROLLERS:  # an explicit choice is kept on every device
+        assert resolve(policy, "cpu") == resolve(policy, "cuda") == policy
 
 
 def test_fixed_never_changes():
@@ -28,7 +39,7 @@ def test_fixed_never_changes():
 
 @pytest.mark.parametrize("start,lo,hi,expected", [(32, 2, 16, 16), (1, 2, 16, 2), (5, 1, 16, 5)])
 def test_initial_size_is_clamped(start, lo, hi, expected):
-    for policy in POLICIES:
+    for policy in CONTROLLERS:
         size, reason = make_controller(policy, start, lo, hi).first()
         assert size == expected and reason
 
@@ -149,7 +160,7 @@ def test_cost_policy_explores_when_started_at_the_wrong_end():
 
 def test_controllers_respect_bounds_under_random_outcomes():
     rng = random.Random(3)
-    for policy in POLICIES:
+    for policy in CONTROLLERS:
         for _ in range(5):
             lo = rng.randint(1, 6)
             hi = rng.randint(lo, 20)

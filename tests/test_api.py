@@ -14,7 +14,7 @@ def test_config_validates_like_the_request():
     with pytest.raises(ValidationError, match="adaptive"):
         DFlashConfig(adaptive="tcp")
     assert DFlashConfig(block_size=8, max_block_size=32).policy() == "slow-start"
-    assert DFlashConfig(block_size=8).policy() == "fixed"
+    assert DFlashConfig(block_size=8).policy() == "auto"  # the engine's default: cost on a CPU, fixed on a GPU
 
 
 @pytest.mark.slow

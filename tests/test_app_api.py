@@ -69,6 +69,9 @@ def test_generation_streams_updates_and_ends_with_the_engines_statistics(app):
     assert f'data-tau="{direct.stats["tau"]:.4f}"' in final["stats"] and 'data-n-out="48"' in final["stats"]
     assert "· float32 (exact)</p>" in final["stats"]  # the hardware line ends with the dtype and its mode
     assert trace.events[0].request["deadline_s"] == Settings().deadline_s  # per-request deadline applied
+    # The default block policy, auto, ran as the cost policy on this CPU: the trained block, then the smallest.
+    assert defaults(8)["adaptive"] == "auto" and trace.events[0].request["adaptive"] == "cost"
+    assert trace.events[-1].stats["block_sizes"][:2] == [8, 2]
     for key in ("block_length", "histogram", "positions", "throughput"):
         fig = json.loads(final[key]["plot"])
         assert fig["data"], key
@@ -125,7 +128,7 @@ def test_values_a_client_library_cannot_send_are_refused_by_name(app, name, valu
     ({"acceptance": 0.0}, "acceptance_threshold: must be in (0.0, 1.0]"),
     ({"steps": 2.5}, "diffusion_steps: must be an integer"),
     ({"seed": -1}, "seed: must be in [0,"),
-    ({"adaptive": "yolo"}, "adaptive: must be one of fixed, slow-start, cost"),
+    ({"adaptive": "yolo"}, "adaptive: must be one of auto, fixed, slow-start, cost"),
     ({"preset": "../../etc/passwd"}, "preset: unknown preset"),
     ({"temperature": 10**400}, "temperature: must be in [0.0, 2.0], got a number too large to represent"),
 ])
@@ -369,7 +372,9 @@ def test_short_generation_on_the_default_target_with_a_random_draft_is_lossless(
     loaded, notice = load_preset("default")
     if default_draft_available(get_preset("default").draft):
         # The notice states the draft's measured τ and speed, read from the committed evaluation file.
-        mt = json.loads((Path(get_preset("default").draft) / "evaluation.json").read_text())["evaluations"]["mtbench"]
+        doc = json.loads((Path(get_preset("default").draft) / "evaluation.json").read_text())
+        mt, default = doc["evaluations"]["mtbench"], doc["default_policy"]
         assert loaded.drafter is not None and f"τ = {mt['tau']:.2f}" in notice and f"{mt['speedup']:.2f}×" in notice
+        assert "default block-size policy" in notice and f"{default['speedup']:.2f}×" in notice
     else:
         assert loaded.drafter is None and notice == NO_DRAFT_NOTICE

@@ -216,7 +216,8 @@ def test_a_lossy_dflash_run_is_diagnosed_against_ar(bench_dir, tmp_path):
     both runs' recorded gaps (float32: never a tie), and the summary counts it as an error."""
     d, _ = bench_dir
     out = tmp_path / "lossy.json"
-    assert main(_args(d, out, "--methods", "ar,dflash", "--no-warmup", "--acceptance-threshold", "1e-9")) == 0
+    assert main(_args(d, out, "--methods", "ar,dflash", "--no-warmup", "--acceptance-threshold", "1e-9", "--dtype",
+                      "float32")) == 0  # the probe may choose bfloat16 for a tiny model: this case is float32
     r = json.loads(out.read_text())
     differing = [p for p in r["prompts"] if p["methods"]["dflash"]["identical"] is False]
     assert differing, "the case needs a lossy difference"
@@ -250,26 +251,32 @@ def test_profile_tool_measures_the_tiny_target(bench_dir, capsys):
 
 
 def test_settings_profile_runs_every_fixed_setting_against_the_default(bench_dir, capsys):
-    """`profile settings`: ar in the default settings, hf-generate in the same, and ar in every dtype × threads ×
-    layout, interleaved; float32 in either layout and at any thread count gives the default's (float32) tokens."""
+    """`profile settings`: ar in the default settings (with the draft loaded, and as an engine without it gets them),
+    hf-generate in the same, and ar in every dtype × threads × layout, interleaved; float32 in either layout and at
+    any thread count gives the default's (float32) tokens."""
     from dflash.bench.profile import main as profile_main
     from dflash.host import thread_candidates
 
     d, _ = bench_dir
-    assert profile_main(["settings", "--target", str(d / "target"), "--prompts", str(d / "prompts.jsonl"), "--limit",
-                         "2", "--max-new-tokens", "8", "--dtype", "float32", "--threads", "1", "--json"]) == 0
+    assert profile_main(["settings", "--target", str(d / "target"), "--draft", str(d / "draft"), "--prompts",
+                         str(d / "prompts.jsonl"), "--limit", "2", "--max-new-tokens", "8", "--dtype", "float32",
+                         "--threads", "1", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)["result"]
     rows = {r["setting"]: r for r in res["rows"]}
     fixed = [f"{dt}, {n} thread{'s' * (n != 1)}, {lay}" for dt in ("float32", "bfloat16")
              for lay in ("linear", "transposed") for n in thread_candidates()]
-    assert list(rows) == ["default", "hf-generate", *fixed] and res["n_prompts"] == 2
+    assert list(rows) == ["default", "default, no draft", "hf-generate", *fixed] and res["n_prompts"] == 2
     assert all(r["decode_tokens"] > 0 and r["tokens_per_s"] > 0 for r in rows.values())
-    assert all(rows[n]["same_output_as_default"] == 2 for n in ["hf-generate", *fixed] if not n.startswith("bfloat16"))
+    assert all(rows[n]["same_output_as_default"] == 2 for n in ["default, no draft", "hf-generate", *fixed]
+               if not n.startswith("bfloat16"))
+    assert res["host_no_draft"]["block"] == 1 and res["host"]["block"] == 6  # probed for the step alone / the block
     best = max(fixed, key=lambda n: rows[n]["tokens_per_s"])
     assert res["best_fixed"] == best
     assert res["default_vs_best_fixed"] == pytest.approx(rows["default"]["tokens_per_s"] / rows[best]["tokens_per_s"],
                                                          abs=2e-3)
     assert res["default_vs_hf_generate"] == pytest.approx(1 / rows["hf-generate"]["vs_default"], abs=5e-3)
+    plain = rows["default, no draft"]["tokens_per_s"] / rows[best]["tokens_per_s"]
+    assert res["no_draft_default_vs_best_fixed"] == pytest.approx(plain, abs=2e-3)
     assert profile_main(["settings", "--target", str(d / "target"), "--limit", "0"]) == 2
     assert "limit: must be in [1, 1000]" in capsys.readouterr().err
 

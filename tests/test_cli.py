@@ -90,6 +90,25 @@ def test_json_output_and_trace_of_a_normal_run(models, tmp_path):
     assert last["type"] == "Finished" and last["output_ids"] == out["output_ids"]
 
 
+def test_the_default_block_policy_is_cost_on_a_cpu_and_the_trace_records_it(models, tmp_path):
+    """`--adaptive auto` (the default) runs the cost policy on a CPU: after the first block at the trained size it
+    measures the smallest block; `--adaptive fixed` keeps the trained size. Same tokens either way."""
+    runs = {}
+    for policy in ("auto", "fixed"):
+        trace = tmp_path / f"{policy}.jsonl"
+        args = ["--target", str(models / "target"), "--draft", str(models / "draft"), "--prompt-ids", "5,6,7",
+                "--max-new-tokens", "12", "--json", "--trace", str(trace)]
+        proc = generate(*args, *(["--adaptive", "fixed"] if policy == "fixed" else []))
+        assert proc.returncode == 0, proc.stderr
+        started = json.loads(trace.read_text().splitlines()[0])
+        runs[policy] = (json.loads(proc.stdout), started["request"]["adaptive"])
+    (auto, auto_policy), (fixed, fixed_policy) = runs["auto"], runs["fixed"]
+    assert (auto_policy, fixed_policy) == ("cost", "fixed")
+    assert auto["stats"]["block_sizes"][:2] == [4, 2]
+    assert fixed["stats"]["block_sizes"][:2] == [4, 4]  # (the last blocks shrink to the tokens left)
+    assert auto["output_ids"] == fixed["output_ids"]
+
+
 def test_ctrl_c_stops_cleanly_with_partial_output_and_a_complete_trace(models, tmp_path):
     trace = tmp_path / "t.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "dflash", "generate", "--target", str(models / "target"), "--no-draft",

@@ -63,7 +63,7 @@ def test_greedy_equals_target_only(models, arch, drafter, block):
     target, engine = models[arch]
     for prompt, n in CASES:
         expected = ref(target, arch, prompt, n)
-        res = run(engine, drafter, prompt, expected, max_new_tokens=n, block_size=block)
+        res = run(engine, drafter, prompt, expected, max_new_tokens=n, block_size=block, adaptive="fixed")
         assert res.finish_reason == "length" and res.message == ""
         assert res.output_ids == expected, (prompt, n)
         assert commits(res.events) == expected

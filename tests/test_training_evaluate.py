@@ -22,7 +22,7 @@ def test_eval_tau_equals_tau_from_the_engines_events():
     with_drafter(engine, OracleDrafter, list(prompts[0]) + ref)
     lengths = []
     for p in prompts:
-        events = list(engine.stream(Request(prompt_ids=p, max_new_tokens=24)))
+        events = list(engine.stream(Request(prompt_ids=p, max_new_tokens=24, adaptive="fixed")))  # as eval runs
         lengths += [e.accepted_len + 1 for e in events if isinstance(e, Verify)]
     res = evaluate_draft(engine, prompts, max_new_tokens=24, baseline=True)
     assert res["tau"] == pytest.approx(statistics.fmean(lengths))

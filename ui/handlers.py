@@ -59,9 +59,10 @@ class Settings:
 
 
 def defaults(block_size: int = 16) -> dict[str, Any]:
-    """Reset-to-defaults values: the paper's setting (one pass, exact verification, greedy)."""
+    """Reset-to-defaults values: the paper's setting (one pass, exact verification, greedy), with the block-size
+    policy the engine picks for its device ("auto")."""
     return {"prompt": "", "preset": "default", "block_size": block_size, "steps": 1, "confidence": 0.9, "acceptance": 1.0,
-            "adaptive": "fixed", "min_block": 2, "max_block": block_size, "temperature": 0.0, "top_p": 1.0,
+            "adaptive": "auto", "min_block": 2, "max_block": block_size, "temperature": 0.0, "top_p": 1.0,
             "max_new_tokens": 64, "seed": 0, "show_rejected": False, "step_mode": False}
 
 

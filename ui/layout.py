@@ -14,6 +14,7 @@ from typing import Any
 
 import gradio as gr
 
+from dflash.adaptive import POLICIES
 from dflash.engine import Engine
 from dflash.registry import ASSETS
 from dflash.request import MAX_PROMPT_CHARS
@@ -117,7 +118,7 @@ def draft_settings(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def adaptive_settings(d: dict[str, Any]) -> dict[str, Any]:
-    return {"adaptive": gr.Radio(["fixed", "slow-start", "cost"], value=d["adaptive"], label="Policy",
+    return {"adaptive": gr.Radio(list(POLICIES), value=d["adaptive"], label="Policy",
                                  info=text.INFO["adaptive"], elem_id="adaptive"),
             "min_block": _setting("min_block", 1, 64, 1, d, "Min block size", "min-block"),
             "max_block": _setting("max_block", 1, 64, 1, d, "Max block size", "max-block")}

@@ -62,6 +62,19 @@ def _plain(text: str) -> str:
     return html.escape(text, quote=False)
 
 
+NOTE_GAP, MAX_NOTES = 3, 12  # blocks between two written decisions (closer ones overlap), and how many are written
+
+
+def spaced(changes: list) -> list:
+    """The size changes to write on the curve: the first, then each one NOTE_GAP blocks or more after the last written
+    (the cost policy changes size every few blocks); every decision stays in the hover text."""
+    out = []
+    for d in changes:
+        if not out or d.block - out[-1].block >= NOTE_GAP:
+            out.append(d)
+    return out[:MAX_NOTES]
+
+
 def _short(reason: str, limit: int = 28) -> str:
     return _plain(reason if len(reason) <= limit else reason[: limit - 1] + "…")
 
@@ -87,7 +100,7 @@ def block_length_figure(run: RunState | list) -> go.Figure:
                "line": {"dash": "dot", "color": GREY, "width": 1}}]
     notes = [{"text": f"max {bmax}", "xref": "paper", "x": 0, "y": bmax, "yanchor": "bottom", "xanchor": "left",
               "showarrow": False, "font": {"size": 10, "color": GREY}}]
-    for d in state.size_changes[:12]:  # the controller's own decisions, not the clip to the tokens left at the end
+    for d in spaced(state.size_changes):  # the controller's own decisions, not the clip to the tokens left at the end
         notes.append({"x": d.block, "y": d.size, "text": _short(d.reason), "showarrow": True, "arrowhead": 2, "ax": 0,
                       "ay": -22, "font": {"size": 9, "color": GREY}, "arrowcolor": GREY})
     if not verifies:

@@ -166,7 +166,9 @@ def head_ab(args) -> dict:
         for rep in range(args.repeats):
             for packed in ((True, False) if rep % 2 == 0 else (False, True)):
                 engine.target.head.enabled = packed
-                res = engine.generate(Request(prompt_ids=tuple(item.ids), max_new_tokens=args.max_new_tokens))
+                # fixed blocks: both heads verify the same block sizes
+                res = engine.generate(Request(prompt_ids=tuple(item.ids), max_new_tokens=args.max_new_tokens,
+                                              adaptive="fixed"))
                 n = max(res.stats["n_verify"], 1)
                 per[packed]["verify"].append(res.stats["verify_ms"] / n)
                 per[packed]["draft"].append(res.stats["draft_ms"] / n)

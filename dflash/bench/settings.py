@@ -1,6 +1,8 @@
 """`profile settings`: is the host probe's choice the fastest for plain decoding? `ar` with the default settings,
 `hf-generate` with the same settings, and `ar` with every fixed setting — dtype {float32, bfloat16} × threads
 (1, half and all usable cores) × decoder layout {linear, transposed} — interleaved on each prompt in one process.
+With a draft, the engine's settings are chosen for DFlash blocks (step + verify), so `ar` also runs in the settings
+an engine loaded without the draft gets (probed on the one-token step alone): "default, no draft".
 
 Each fixed setting runs on its own copy of the weights, so switching between them costs nothing timed. The result
 gives decode tokens/s per setting (total tokens / total decode time over the prompts), the default's ratio to the
@@ -9,6 +11,7 @@ fastest fixed setting and to `hf-generate`, and how many outputs equal the defau
 
 from __future__ import annotations
 
+import argparse
 import copy
 from dataclasses import dataclass
 
@@ -22,6 +25,7 @@ from dflash.packed import LAYOUTS
 from dflash.target import Target
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DEFAULTS = ("default", "default, no draft", "hf-generate")  # the rows that are not fixed settings
 
 
 @dataclass(frozen=True)
@@ -73,15 +77,18 @@ def measure(engine: Engine, items: list[PromptItem], settings: list[Setting], ma
 
 def summarize(settings: list[Setting], tokens: dict, ms: dict, same: dict, n_prompts: int) -> dict:
     rate = {n: tokens[n] / (ms[n] / 1000) if ms[n] > 0 else 0.0 for n in tokens}
-    fixed = [s.name for s in settings if s.name not in ("default", "hf-generate")]
+    fixed = [s.name for s in settings if s.name not in DEFAULTS]
     best = max(fixed, key=lambda n: rate[n])
+    plain = rate.get("default, no draft")
     rows = [{"setting": s.name, "method": s.method, "threads": s.threads, "decode_tokens": tokens[s.name],
              "decode_ms": round(ms[s.name], 1), "tokens_per_s": round(rate[s.name], 2),
              "vs_default": round(rate[s.name] / rate["default"], 3) if rate["default"] else None,
              "same_output_as_default": same[s.name]} for s in settings]
     return {"n_prompts": n_prompts, "rows": rows, "best_fixed": best,
             "default_vs_best_fixed": round(rate["default"] / rate[best], 3) if rate[best] else None,
-            "default_vs_hf_generate": round(rate["default"] / rate["hf-generate"], 3) if rate.get("hf-generate") else None}
+            "default_vs_hf_generate": round(rate["default"] / rate["hf-generate"], 3) if rate.get("hf-generate")
+            else None,
+            "no_draft_default_vs_best_fixed": round(plain / rate[best], 3) if plain and rate[best] else None}
 
 
 def ar_settings(args) -> dict:
@@ -97,13 +104,22 @@ def ar_settings(args) -> dict:
     if engine.target.device.type != "cpu":
         raise ValidationError("device", "profile settings compares CPU settings: run it on the CPU")
     items = prepare_prompts(engine, args.prompts, args.limit)
-    threads = engine.host.threads if engine.host else torch.get_num_threads()
+    threads = _threads(engine)
     settings = [Setting("default", engine, threads), Setting("hf-generate", engine, threads, "hf-generate")]
+    plain_host = None
+    if engine.draft is not None:  # what plain decoding gets by default: an engine probed without the draft
+        plain, plain_info = engine_from_args(argparse.Namespace(**{**vars(args), "no_draft": True}))
+        settings.insert(1, Setting("default, no draft", plain, _threads(plain)))
+        plain_host = plain_info.get("host")
     model, tokenizer = load_target_model(info["target"])  # a fresh float32 copy for the fixed settings
     settings += fixed_settings(model, tokenizer, engine.name, list(DTYPES), thread_candidates())
     del model
-    return {"host": info.get("host"), "max_new_tokens": args.max_new_tokens, "prompts": args.prompts,
-            **measure(engine, items, settings, args.max_new_tokens)}
+    return {"host": info.get("host"), "host_no_draft": plain_host, "max_new_tokens": args.max_new_tokens,
+            "prompts": args.prompts, **measure(engine, items, settings, args.max_new_tokens)}
+
+
+def _threads(engine: Engine) -> int:
+    return engine.host.threads if engine.host else torch.get_num_threads()
 
 
 def add_parser(sub):
