@@ -75,6 +75,22 @@ def policy_words(d: dict) -> str:
     return f"the `{asked}` block policy (`{ran}` on a CPU)" if asked != ran else f"the `{ran}` block policy"
 
 
+def block_sizes(name: str) -> str:
+    """How the default policy sized the DFlash blocks of a result file: share of verifies per block size, and the
+    mean accepted + 1 at each."""
+    from collections import Counter
+
+    d = json.loads((res / f"{name}.json").read_text())
+    pairs = [(b, n) for p in d["prompts"] for r in p["methods"].get("dflash", {}).get("runs", [])
+             for b, n in zip(r["stats"]["block_sizes"], r["stats"]["acceptance_lengths"])]
+    count = Counter(b for b, _ in pairs)
+    parts = [f"{b}: {count[b] / len(pairs):.0%} (τ {sum(n for x, n in pairs if x == b) / count[b]:.2f})"
+             for b in sorted(count) if count[b] / len(pairs) >= 0.005]
+    return (f"Block sizes the `{d['config']['request'].get('adaptive')}` policy chose in this run (share of the "
+            f"{len(pairs):,} verify steps, and τ at that size): {', '.join(parts)}. Every prompt's first block is the "
+            "trained size and its second the smallest (the cost policy measures both ends before it fits its cost line).")
+
+
 def knob_verdict() -> str:
     rows = []
     for d in knob_files():
@@ -126,6 +142,8 @@ The draft's own evaluation (τ on all 80 MT-Bench first turns and 80 HumanEval p
 {verdict()}
 
 {table("mtbench-greedy")}
+
+{block_sizes("mtbench-greedy")}
 
 {table("humaneval-greedy")}
 
