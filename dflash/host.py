@@ -112,10 +112,10 @@ class HostSettings:
         return f"1-token step {row['step_ms']:.0f} ms{verify} ({how})"
 
     def summary(self) -> str:
-        """One line for a stats panel: 'float32 · 2 threads · transposed linears (exact; probed in 3.1 s)'."""
+        """One line for a stats panel: 'float32 · 2 threads · transposed layout (exact; probed in 3.1 s)'."""
         how = {"probe": f"probed in {self.probe_s:.1f} s", "cache": "probe cached", "user": "set by the user"}
         mode = self.mode if self.exact else "fast mode: identical except at numerical ties"
-        return f"{self.dtype} · {self.threads} thread{'s' * (self.threads != 1)} · {self.layout} linears ({mode}; " \
+        return f"{self.dtype} · {self.threads} thread{'s' * (self.threads != 1)} · {self.layout} layout ({mode}; " \
                f"{how.get(self.source, self.source)})"
 
 

@@ -112,7 +112,7 @@ def machine(d: dict) -> str:
     flags = ", ".join((host.get("machine") or {}).get("cpu_flags", [])) or m.get("cpu_capability", "?")
     load = d["machine"]["load_average"]
     draft = str(d["models"].get("draft")).removeprefix(str(root) + "/")  # the path inside this repository
-    settings = (f"{host['dtype']}, {host['threads']} threads, {host['layout']} linears ({host['mode']}; chosen by the "
+    settings = (f"{host['dtype']}, {host['threads']} threads, decoder weights in the `{host['layout']}` layout ({host['mode']}; chosen by the "
                 f"host probe, see \"CPU settings per host\")" if host else f"{d['models']['dtype']}, {m['torch_threads']} threads")
     return (f"{m['cpu_model']}, {m['logical_cores']} cores ({flags}), {m['memory_gb']:.0f} GiB RAM, no GPU; Python "
             f"{m['python']}, torch {m['torch']}, transformers {m['transformers']}. Target: SmolLM2-135M-Instruct "

@@ -92,4 +92,4 @@ def test_the_summary_says_the_mode_and_the_probes_numbers():
     assert "fast mode: identical except at numerical ties" in fast.summary() and not fast.exact
     assert fast.numbers() == "1-token step 39 ms, 8-token verify 48 ms (probe cached)"
     exact = host.HostSettings("float32", 1, "transposed", "probe", probe_s=2.5)
-    assert exact.summary().startswith("float32 · 1 thread · transposed linears (exact; probed in 2.5 s)")
+    assert exact.summary().startswith("float32 · 1 thread · transposed layout (exact; probed in 2.5 s)")

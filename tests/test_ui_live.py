@@ -70,7 +70,7 @@ def test_the_hardware_line_shows_the_host_settings_and_ends_with_the_dtype():
     rows = [{"dtype": "float32", "threads": 2, "layout": "transposed", "step_ms": 40.2, "verify_ms": 65.4, "score_ms": 105.6}]
     engine.host = HostSettings("float32", 2, "transposed", "cache", block=8, candidates=rows)
     line = hardware(engine)
-    assert f"CPU, {torch.get_num_threads()} threads, transposed linears; 1-token step 40 ms, 8-token verify 65 ms " \
+    assert f"CPU, {torch.get_num_threads()} threads, transposed layout; 1-token step 40 ms, 8-token verify 65 ms " \
            "(probe cached)" in line and dtype_of(line) == "float32"
     assert dtype_of("model · CPU · bfloat16 (fast: identical except at numerical ties)") == "bfloat16"
     assert dtype_of("") == ""
