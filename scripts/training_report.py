@@ -229,8 +229,9 @@ def main() -> None:
         doublings=(2.0 - last_tau) / slope if slope > 0 else float("inf"),
         factor=2 ** ((2.0 - last_tau) / slope) if slope > 0 else float("inf"))
     (DRAFT / "TRAINING.md").write_text(text)
-    readme_status(ev, starts[0]["corpus_tokens"], steps, hours)
-    doc = {"run": runs[-1], "evaluations": ev, "default_policy": default_policy()}
+    policy = default_policy()
+    readme_status(ev, policy, starts[0]["corpus_tokens"], steps, hours)
+    doc = {"run": runs[-1], "evaluations": ev, "default_policy": policy}
     (DRAFT / "evaluation.json").write_text(json.dumps(doc, indent=1) + "\n")
 
 
@@ -244,13 +245,12 @@ def default_policy() -> dict | None:
     policy, dflash = d["config"]["request"].get("adaptive"), d["summary"].get("dflash")
     if policy != "auto" or not dflash:
         return None
-    return {"policy": "auto", "on_cpu": "cost", "n_prompts": d["config"]["n_prompts"], "tau": round(dflash["tau"], 4),
+    return {"policy": "auto", "n_prompts": d["config"]["n_prompts"], "tau": round(dflash["tau"], 4),
             "speedup": round(dflash["speedup"]["decode"]["speedup"], 4), "identical": dflash["identical"]["n_identical"],
             "cpu": d["machine"]["cpu_model"], "source": "results/mtbench-greedy.json"}
 
 
-def default_policy_words() -> str:
-    p = default_policy()
+def default_policy_words(p: dict | None) -> str:
     if p is None:
         return ""
     return (f" With the engine's default block policy (`auto`: on a CPU the cost policy, which picks the block size "
@@ -258,7 +258,7 @@ def default_policy_words() -> str:
             f"{p['n_prompts']} prompts (τ {p['tau']:.2f}, `{p['source']}`).")
 
 
-def readme_status(ev: dict, tokens: int, steps: int, hours: float) -> None:
+def readme_status(ev: dict, policy: dict | None, tokens: int, steps: int, hours: float) -> None:
     """The README's paragraph on the default draft, between its draft-status markers."""
     readme = ROOT / "README.md"
     text = readme.read_text()
@@ -275,7 +275,7 @@ def readme_status(ev: dict, tokens: int, steps: int, hours: float) -> None:
             f"it reaches **τ = {mt['tau']:.2f}** tokens per target step{others}; on the CPU it was measured on "
             f"({mt['cpu']}), at its trained block of 8, DFlash ran at **{sp:.2f}×** the speed of plain "
             f"autoregressive decoding ({'faster' if sp > 1 else 'slower'}), with greedy output identical to the "
-            f"target's on {mt['identical']}/{mt['n_prompts']} prompts.{default_policy_words()} Speed depends on the "
+            f"target's on {mt['identical']}/{mt['n_prompts']} prompts.{default_policy_words(policy)} Speed depends on the "
             "CPU: the playground's \"Compare with autoregressive\" measures it on yours. Numbers and commands: "
             "[TRAINING.md](assets/draft-smollm2-135m/TRAINING.md), [BENCHMARKS.md](BENCHMARKS.md).")
     head, rest = text.split(begin, 1)
