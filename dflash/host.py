@@ -254,18 +254,33 @@ def env_threads() -> int | None:
     return int(raw)
 
 
+PROBE_MODES = ("0", "1", "refresh")
+
+
+def env_probe() -> str:
+    """DFLASH_PROBE: "1" (default) probe once and cache, "0" never probe, "refresh" probe again and re-cache
+    (a choice cached at a busy moment is otherwise kept for good)."""
+    raw = os.environ.get("DFLASH_PROBE", "").strip() or "1"
+    if raw not in PROBE_MODES:
+        from dflash.errors import ValidationError
+
+        raise ValidationError("DFLASH_PROBE", f"must be one of {', '.join(PROBE_MODES)}, got {raw!r}")
+    return raw
+
+
 def choose(model: nn.Module, model_id: str, block: int, cache_file: Path, dtype: str | None = None,
            threads: int | None = None) -> HostSettings:
     """The settings for `model` on this machine: read back from `cache_file` or probed now (and written there).
     `dtype` / `threads`, when given, are fixed: only the rest is probed. DFLASH_PROBE=0 skips the probe
-    (float32, the current threads, F.linear layout)."""
+    (float32, the current threads, F.linear layout); DFLASH_PROBE=refresh ignores the cached choice."""
     dtypes = [dtype] if dtype else ["float32", "bfloat16"]
     counts = [threads] if threads else thread_candidates()
-    if os.environ.get("DFLASH_PROBE", "1") == "0":
+    mode = env_probe()
+    if mode == "0":
         return HostSettings(dtype=dtypes[0], threads=counts[-1] if threads else torch.get_num_threads(),
                             layout="linear", source="default", block=block, machine=machine_key())
     key = cache_key(model_id, block, dtypes, counts)
-    found = read_cached(cache_file, key)
+    found = read_cached(cache_file, key) if mode == "1" else None
     if found is not None:
         return found
     settings = probe(model, block, dtypes, counts)

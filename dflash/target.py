@@ -26,6 +26,13 @@ def chat_prompt_ids(tokenizer, prompt: str | list[dict]) -> list[int]:
 
 # Architectures whose logits are exactly `lm_head(last hidden state)` (no soft-capping or logit scale), so
 # `Target.forward` may run the decoder and the head separately and use `PackedLinear` for the head.
+def feature_module(model: nn.Module, j: int) -> nn.Module:
+    """The module whose output is target feature `j` in the z-lab / transformers convention (hidden_states[j + 1]):
+    decoder layer j, except the last layer's, which transformers reports after the final norm."""
+    layers = model.model.layers
+    return model.model.norm if j == len(layers) - 1 else layers[j]
+
+
 _PLAIN_HEAD = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
 
 
@@ -33,7 +40,7 @@ class Target:
     """A causal LM used as the DFlash target. One cached forward = `forward(ids, cache)`.
 
     Hidden layers the draft needs are captured by forward hooks on those decoder layers only (the output of
-    decoder layer j, i.e. transformers' hidden_states[j + 1]).
+    decoder layer j, i.e. transformers' hidden_states[j + 1]; the last layer's after the final norm, as there).
 
     layout: store the decoder's linear weights "linear" (as loaded) or "transposed" (`dflash.packed.set_layout`;
     plain models on the CPU only, where the host probe chose it); None leaves the model as it is.
@@ -80,9 +87,8 @@ class Target:
         for h in self._hooks:
             h.remove()
         self._hooks, self.layer_ids = [], list(layer_ids)
-        layers = self.model.model.layers
         for j in self.layer_ids:
-            self._hooks.append(layers[j].register_forward_hook(self._make_hook(j)))
+            self._hooks.append(feature_module(self.model, j).register_forward_hook(self._make_hook(j)))
 
     def _make_hook(self, j: int):
         def hook(_module, _inputs, output):

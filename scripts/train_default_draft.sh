@@ -47,10 +47,11 @@ case "${1:-}" in
       $PY scripts/training_curve.py --run runs/deep$L --after runs/onpolicy,runs/warm --out "$RES/deep$L/curve.jsonl" \
         --label deep$L "${CURVE[@]}" --steps "${STOP_AT:-1500}"
     done ;;
-  deep)  # env: RUN, LAYERS, BLOCK (training block size), ANCHORS, LR, DEEP_STEPS, DATA, STOP_AT
+  deep)  # env: RUN, LAYERS, LAYER_IDS (fused target layers; 29, the last, is read from the stored final states),
+         #      BLOCK (training block size), ANCHORS, LR, KL (weight of the KL term), DEEP_STEPS, DATA, STOP_AT
     $PY -m dflash train fit --data "${DATA:-data/tf1,data/tf-later}" --init-from runs/warm --layers "${LAYERS:-2}" \
-      --layer-ids 1,15,27 --block-size "${BLOCK:-8}" --steps "${DEEP_STEPS:-6000}" --seqs-per-step 5 --anchors-per-seq "${ANCHORS:-16}" \
-      --lr "${LR:-5e-4}" --kl-weight 0 \
+      --layer-ids "${LAYER_IDS:-1,15,27}" --block-size "${BLOCK:-8}" --steps "${DEEP_STEPS:-6000}" --seqs-per-step 5 --anchors-per-seq "${ANCHORS:-16}" \
+      --lr "${LR:-5e-4}" --kl-weight "${KL:-0}" \
       --partial-prob 0 --draft-vocab 8192 --threads "$THREADS" --ckpt-every 500 --eval-every 500 --snapshot-base 250 \
       --onpolicy-blocks 1 --out "runs/${RUN:-deep2}" --stop-at "${STOP_AT:-0}" ;;
   curve-deep)
@@ -71,7 +72,7 @@ case "${1:-}" in
     "${E[@]}" --prompts humaneval --limit 80 --max-new-tokens 128 --no-baseline --output $RES/eval-humaneval.json
     "${E[@]}" --prompts mt-bench --limit 12 --max-new-tokens 64 --temperature 0.7 --output $RES/eval-mtbench-t0.7.json ;;
   collect)  # the logs TRAINING.md is generated from, and the chosen draft into assets/
-    for r in tf-all onpolicy warm deep1 deep2; do
+    for r in tf-all onpolicy warm deep1 deep2 lowlr block4 kl last; do
       [ -d runs/$r ] || continue
       mkdir -p $RES/$r && cp runs/$r/runs.jsonl $RES/$r/ && gzip -c runs/$r/train_log.jsonl > $RES/$r/train_log.jsonl.gz
     done

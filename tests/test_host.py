@@ -72,6 +72,25 @@ def test_no_probe_when_switched_off(tmp_path, monkeypatch):
     assert not (tmp_path / "s.json").exists()
 
 
+def test_refresh_probes_again_and_replaces_the_cached_choice(tmp_path, monkeypatch):
+    model, path = tiny_target("llama", seed=0).model, tmp_path / "settings.json"
+    host.choose(model, "tiny", 4, path, dtype="float32", threads=1)
+    (key, entry), = json.loads(path.read_text()).items()
+    path.write_text(json.dumps({key: {**entry, "probe_s": -1.0}}))  # marks the cached entry
+    assert host.choose(model, "tiny", 4, path, dtype="float32", threads=1).probe_s == -1.0
+    monkeypatch.setenv("DFLASH_PROBE", "refresh")
+    fresh = host.choose(model, "tiny", 4, path, dtype="float32", threads=1)
+    assert fresh.source == "probe" and fresh.probe_s > 0
+    assert json.loads(path.read_text())[key]["probe_s"] == fresh.probe_s  # the new measurement is cached
+
+
+@pytest.mark.parametrize("raw", ["yes", "2", "Refresh "])
+def test_a_bad_dflash_probe_names_the_variable(tmp_path, monkeypatch, raw):
+    monkeypatch.setenv("DFLASH_PROBE", raw)
+    with pytest.raises(ValidationError, match="DFLASH_PROBE"):
+        host.choose(tiny_target("llama").model, "tiny", 4, tmp_path / "s.json")
+
+
 @pytest.mark.parametrize("raw", ["abc", "0", "-2", "1.5"])
 def test_a_bad_dflash_threads_names_the_variable(monkeypatch, raw):
     monkeypatch.setenv("DFLASH_THREADS", raw)

@@ -21,3 +21,18 @@ def test_target_forward_split_head_matches_model(arch):
     assert torch.allclose(logits, ref, atol=1e-4)
     last, _ = target.forward(ids, target.new_cache(), last_only=True, capture=False)
     assert torch.equal(last, ref1)
+
+
+def test_features_are_transformers_hidden_states_the_last_layer_after_the_final_norm():
+    target = tiny_target("llama", seed=4)  # 4 layers
+    ids = torch.tensor([[3, 9, 27, 81, 5, 6, 7]])
+    with torch.inference_mode():
+        hs = target.model(input_ids=ids, output_hidden_states=True).hidden_states  # [embeddings, layer 0, ..., normed]
+    raw = {}
+    hook = target.model.model.layers[3].register_forward_hook(lambda _m, _i, out: raw.setdefault("l3", out))
+    target.set_capture([0, 2, 3])
+    _, feats = target.forward(ids, target.new_cache())
+    hook.remove()
+    torch.testing.assert_close(feats, torch.cat([hs[1], hs[3], hs[4]], -1))
+    last = raw["l3"][0] if isinstance(raw["l3"], tuple) else raw["l3"]
+    assert not torch.allclose(last, hs[4], atol=1e-3)  # the last decoder layer's own output is not what is fused

@@ -34,6 +34,19 @@ def test_all_stored_layers_are_read_without_a_column_copy(data_dir):
         Corpus(str(data_dir / "data"), [7], holdout=0)
 
 
+def test_the_last_layer_is_read_from_the_final_hidden_states(data_dir):
+    # The tiny target has 4 layers; the shards store layers 1, 2 and (as every shard does) the final normed state,
+    # which is what layer 3 means as a feature (transformers' hidden_states[4]).
+    shard = load_shards(str(data_dir / "data"))[0]
+    seq = Corpus(str(data_dir / "data"), [2, 3], holdout=0).train[0]
+    n = len(seq)
+    assert torch.equal(seq["feats"], torch.cat([shard["features"][:n, 64:], shard["final_hidden"][:n]], -1))
+    only = Corpus(str(data_dir / "data"), [3], holdout=0).train[0]
+    assert torch.equal(only["feats"], shard["final_hidden"][:n])
+    with pytest.raises(ValueError, match="must come last"):
+        Corpus(str(data_dir / "data"), [3, 1], holdout=0)
+
+
 def test_frequent_vocab_keeps_stop_ids():
     counts = torch.tensor([5, 0, 9, 1, 7])
     assert frequent_vocab(counts, 3, always=[1]).tolist() == [1, 2, 4]

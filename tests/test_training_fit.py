@@ -106,7 +106,7 @@ def test_warm_start_and_log_spaced_snapshots(data_dir, tmp_path):
     for k, v in first.draft.state_dict().items():
         torch.testing.assert_close(warm.draft.state_dict()[k], v.to(torch.bfloat16).float())  # served weights are bf16
     with pytest.raises(ValueError, match="init_from"):
-        Trainer(FitConfig(**{**cfg(data_dir, tmp_path / "c", steps=4).__dict__, "layers": 2, "target_layer_ids": [1, 2],
+        Trainer(FitConfig(**{**cfg(data_dir, tmp_path / "c", steps=4).__dict__, "target_layer_ids": [1],
                              "init_from": str(tmp_path / "a")}))
 
 
@@ -127,6 +127,26 @@ def test_warm_start_grows_depth_without_changing_the_function(data_dir, tmp_path
     assert deep.draft.layers[1].mlp.down_proj.weight.abs().sum() > 0
     with pytest.raises(ValueError, match="init_from"):  # a shallower run cannot start from a deeper draft
         Trainer(FitConfig(**{**cfg(data_dir, tmp_path / "c", steps=3).__dict__, "init_from": str(tmp_path / "b")}))
+
+
+def test_warm_start_fuses_a_new_target_layer_without_changing_the_function(data_dir, tmp_path):
+    first = Trainer(cfg(data_dir, tmp_path / "a", steps=3))  # fuses layer 2
+    first.fit(progress=False)
+    # Layer 3 is the tiny target's last: not in the stored features, read from final_hidden (corpus.py).
+    wide = Trainer(FitConfig(**{**cfg(data_dir, tmp_path / "b", steps=3).__dict__, "target_layer_ids": [2, 3],
+                                "init_from": str(tmp_path / "a")}))
+    h = first.dcfg.hidden_size
+    assert wide.draft.fc.weight.shape == (h, 2 * h) and not wide.draft.fc.weight[:, h:].any()
+    src, _ = load_draft(tmp_path / "a")
+    f2, f3, T = torch.randn(1, 6, h), torch.randn(1, 6, h), 6
+    embeds, pos = torch.randn(1, 4, h), torch.arange(T, T + 4)
+    with torch.no_grad():
+        want = src(embeds, pos, src.context_kv(f2, torch.arange(T)), None)
+        got = wide.draft(embeds, pos, wide.draft.context_kv(torch.cat([f2, f3], -1), torch.arange(T)), None)
+    torch.testing.assert_close(got, want)
+    wide.fit(progress=False)  # the new layer's columns learn
+    assert wide.draft.fc.weight[:, h:].abs().sum() > 0
+    assert load_draft(tmp_path / "b")[0].config.target_layer_ids == [2, 3]
 
 
 def test_on_policy_blocks_change_nothing_on_regenerated_data_and_stop_at_resumes(data_dir, tmp_path):

@@ -77,7 +77,9 @@ Pick an example prompt, press **Generate**, then follow one block through the fo
    token from the target itself: a **correction** (double underline) at the miss, or a **bonus** (dashed
    underline) when the whole block was right. Hover a token to see its block, position and confidence.
 4. **Adapt** — the *block length* chart shows the size drafted at each step and how many tokens were committed;
-   with an adaptive policy the controller's decisions are written on the curve.
+   with an adaptive policy the controller's decisions are written on the curve. On a CPU the default policy
+   (auto → cost) soon settles on blocks of 2–3, where it expects the most tokens per second; to watch whole
+   blocks of 8 being drafted and verified, set **Policy** to *fixed* under "Adaptive block length".
 
 Then press **Compare with autoregressive** to run the same request with no draft and see the speedup and that the
 answers are identical. No compute in the room? Load a **bundled trace** in *Replay* and use **Next ▶** to walk

@@ -21,11 +21,13 @@ class Sequence:
     the target's greedy prediction from p-1 for teacher-forced data (`target_pred`).
     """
 
-    __slots__ = ("ids", "labels", "prompt_len", "_shard", "_lo", "_hi", "_cols")
+    __slots__ = ("ids", "labels", "prompt_len", "_shard", "_lo", "_hi", "_cols", "_with_final")
 
-    def __init__(self, ids, labels, prompt_len: int, shard, lo: int, hi: int, cols: torch.Tensor | None):
+    def __init__(self, ids, labels, prompt_len: int, shard, lo: int, hi: int, cols: torch.Tensor | None,
+                 with_final: bool = False):
         self.ids, self.labels, self.prompt_len = ids, labels, prompt_len
         self._shard, self._lo, self._hi, self._cols = shard, lo, hi, cols
+        self._with_final = with_final  # the target's last layer is a feature, read from `final_hidden`
 
     def __len__(self) -> int:
         return self._hi - self._lo
@@ -34,7 +36,8 @@ class Sequence:
     def feats(self) -> torch.Tensor:
         """[T, k*H] bf16: the fused target layers' outputs at every position."""
         rows = self._shard.get_slice("features")[self._lo:self._hi]
-        return rows if self._cols is None else rows[:, self._cols]
+        rows = rows if self._cols is None else rows[:, self._cols]
+        return torch.cat([rows, self.final], -1) if self._with_final else rows
 
     @property
     def final(self) -> torch.Tensor:
@@ -55,6 +58,20 @@ def feature_columns(stored: list[int], wanted: list[int], hidden: int) -> torch.
     return torch.cat([torch.arange(stored.index(j) * hidden, (stored.index(j) + 1) * hidden) for j in wanted])
 
 
+def split_last_layer(stored: list[int], wanted: list[int], num_layers: int) -> tuple[list[int], bool]:
+    """(the wanted layers read from `features`, whether the target's last layer is read from `final_hidden`).
+
+    Every shard keeps the final normed hidden state, which is what the last layer means as a feature (transformers
+    reports hidden_states[L] after the final norm), so a draft may fuse it although `features` lacks it; it must
+    then come last, the order `features` + `final_hidden` are concatenated in."""
+    last = num_layers - 1
+    if last not in wanted or last in stored:
+        return list(wanted), False
+    if wanted[-1] != last:
+        raise ValueError(f"target layers {wanted}: the last layer ({last}) is read from final_hidden and must come last")
+    return list(wanted[:-1]), True
+
+
 class Corpus:
     """Sequences from one or more data directories (comma-separated). The last `holdout` shards of each
     directory are held out for the teacher-forced metrics."""
@@ -66,17 +83,19 @@ class Corpus:
         self.heldout: list[Sequence] = []
         for data_dir in data_dirs.split(","):
             meta = json.loads((Path(data_dir) / "meta.json").read_text())
-            cols = feature_columns(meta["layer_ids"], layer_ids, meta["hidden_size"])
+            from_features, with_final = split_last_layer(meta["layer_ids"], layer_ids, meta["num_target_layers"])
+            cols = (feature_columns(meta["layer_ids"], from_features, meta["hidden_size"]) if from_features
+                    else torch.empty(0, dtype=torch.long))
             self.meta = meta
             paths = sorted(Path(data_dir).glob("shard_*.safetensors"))
             keep_out = holdout if len(paths) > holdout else 0
             for s, path in enumerate(paths):
                 shard = safe_open(str(path), framework="pt")  # memory-mapped; tensors are read per slice
                 dest = self.heldout if s >= len(paths) - keep_out else self.train
-                dest.extend(self._sequences(shard, cols))
+                dest.extend(self._sequences(shard, cols, with_final))
 
     @staticmethod
-    def _sequences(shard, cols) -> list[Sequence]:
+    def _sequences(shard, cols, with_final: bool) -> list[Sequence]:
         ids_all = shard.get_tensor("input_ids")
         off = shard.get_tensor("offsets").tolist()
         plens = shard.get_tensor("prompt_lens").tolist()
@@ -85,7 +104,7 @@ class Corpus:
         for i in range(len(off) - 1):
             ids = ids_all[off[i]:off[i + 1]]
             labels = ids if pred is None else torch.cat([ids[:1], pred[off[i]:off[i + 1] - 1]])
-            out.append(Sequence(ids, labels, int(plens[i]), shard, off[i], off[i + 1], cols))
+            out.append(Sequence(ids, labels, int(plens[i]), shard, off[i], off[i + 1], cols, with_final))
         return out
 
     def n_tokens(self) -> int:

@@ -32,8 +32,10 @@ class Capture:
     """Forward hooks on the chosen decoder layers and the final norm."""
 
     def __init__(self, model, layer_ids: list[int]):
+        from dflash.target import feature_module
+
         self.out: dict[str, torch.Tensor] = {}
-        self.handles = [model.model.layers[j].register_forward_hook(self._hook(f"l{j}")) for j in layer_ids]
+        self.handles = [feature_module(model, j).register_forward_hook(self._hook(f"l{j}")) for j in layer_ids]
         self.handles.append(model.model.norm.register_forward_hook(self._hook("final")))
         self.layer_ids = layer_ids
 

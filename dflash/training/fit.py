@@ -78,6 +78,17 @@ class FitConfig:
             raise ValueError("lr must be > 0 and kl_weight >= 0")
 
 
+def widen_fc(weight: torch.Tensor, old_ids: list[int], new_ids: list[int]) -> torch.Tensor:
+    """`fc` weight [H, len(old_ids)·H] placed into [H, len(new_ids)·H]: each old layer's columns at that layer's new
+    slot, the added layers' columns 0 (so the fused context is unchanged until training moves them)."""
+    h = weight.shape[0]
+    out = weight.new_zeros(h, len(new_ids) * h)
+    for i, j in enumerate(old_ids):
+        k = new_ids.index(j)
+        out[:, k * h:(k + 1) * h] = weight[:, i * h:(i + 1) * h]
+    return out
+
+
 def is_snapshot_step(step: int, base: int) -> bool:
     """True at base, 2·base, 4·base, ... (log-spaced)."""
     if base <= 0 or step < base or step % base:
@@ -153,14 +164,18 @@ class Trainer:
 
     def warm_start(self, draft: DFlashDraftModel) -> tuple[DFlashDraftModel, torch.Tensor | None]:
         """Load the `init_from` draft into `draft`. A deeper run keeps the source's layers and appends new ones
-        whose residual writes (o_proj, down_proj) start at 0, so at step 0 it computes exactly the source
-        draft's function: depth grows without losing what was learned."""
+        whose residual writes (o_proj, down_proj) start at 0, and a run that fuses more target layers gives the
+        new layers' `fc` columns 0, so at step 0 it computes exactly the source draft's function: depth and
+        features grow without losing what was learned."""
         src, vocab = load_draft(self.cfg.init_from)
-        shape = lambda c: c.to_hf_dict() | {"block_size": 0, "num_hidden_layers": 0}  # noqa: E731
-        kept = src.config.num_hidden_layers
-        if shape(src.config) != shape(self.dcfg) or kept > self.dcfg.num_hidden_layers:
+        shape = lambda c: c.to_hf_dict() | {"block_size": 0, "num_hidden_layers": 0, "dflash_config": 0}  # noqa: E731
+        kept, old_ids = src.config.num_hidden_layers, src.config.target_layer_ids
+        if (shape(src.config) != shape(self.dcfg) or kept > self.dcfg.num_hidden_layers
+                or src.config.mask_token_id != self.dcfg.mask_token_id or not set(old_ids) <= set(self.dcfg.target_layer_ids)):
             raise ValueError(f"init_from: {self.cfg.init_from} has another architecture than this run")
-        missing, unexpected = draft.load_state_dict(src.state_dict(), strict=False)
+        state = src.state_dict()
+        state["fc.weight"] = widen_fc(state["fc.weight"], old_ids, self.dcfg.target_layer_ids)
+        missing, unexpected = draft.load_state_dict(state, strict=False)
         new_layer = lambda k: k.startswith("layers.") and int(k.split(".")[1]) >= kept  # noqa: E731
         assert not unexpected and all(map(new_layer, missing)), (missing, unexpected)
         for layer in draft.layers[kept:]:
