@@ -55,6 +55,11 @@ def export_draft(draft: Path, server: str, out: Path, target: Path | None = None
     if server not in TARGETS:
         raise ValidationError("--for", f"must be one of {', '.join(TARGETS)}, got {server!r}")
     config, vocab, block = _read_draft(draft)
+    last = config.get("num_target_layers", 0) - 1
+    if last in (config.get("dflash_config") or {}).get("target_layer_ids", []):
+        raise ValidationError("--draft", f"fuses the target's last layer ({last}), which vLLM cannot serve: it reads a "
+                                         "fused layer's output at the input of the next decoder layer, and the last has "
+                                         "none; such a draft runs in this project's engine only")
     mapped = server == "vllm" and vocab is not None
     if target is not None and not mapped:
         raise ValidationError("--target", "is only used by --for vllm with a draft that has a draft vocabulary")

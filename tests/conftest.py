@@ -38,11 +38,13 @@ def tiny_target(arch: str = "llama", seed: int = 0, eos: int | None = None, laye
     return Target(model, None, name=f"tiny-{arch}")
 
 
-def tiny_draft(target: Target, block_size: int = 8, layers: int = 1, seed: int = 1, mask_id: int = MASK_ID) -> DFlashDraftModel:
+def tiny_draft(target: Target, block_size: int = 8, layers: int = 1, seed: int = 1, mask_id: int = MASK_ID,
+               layer_ids: list[int] | None = None) -> DFlashDraftModel:
+    """layer_ids: the target layers it fuses (default: the z-lab rule for `layers`)."""
     torch.manual_seed(seed)
     cfg = DraftConfig(hidden_size=target.hidden_size, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                       head_dim=16, intermediate_size=128, vocab_size=target.vocab_size, num_target_layers=target.num_layers,
-                      block_size=block_size, mask_token_id=mask_id)
+                      block_size=block_size, mask_token_id=mask_id, target_layer_ids=list(layer_ids or []))
     return DFlashDraftModel(cfg)
 
 

@@ -301,3 +301,12 @@ def test_sampled_commits_carry_no_gaps(models):
         res = engine.generate(Request(prompt_ids=(3, 1, 4), max_new_tokens=12, block_size=4, temperature=0.8, seed=2,
                                       verify=verify))
         assert all(c.target_gaps == [] for c in res.events if isinstance(c, Commit))
+
+
+def test_a_draft_fusing_the_last_layer_is_lossless():
+    target = tiny_target("llama")  # 4 layers: 3 is the last, fused after the final norm (transformers' convention)
+    engine = Engine(target, tiny_draft(target, layer_ids=[1, 3]))
+    prompt, n = [200, 17, 45, 9, 88], 20
+    res = engine.generate(Request(prompt_ids=tuple(prompt), max_new_tokens=n, block_size=4, adaptive="fixed"))
+    assert res.output_ids == reference_greedy(target, prompt, n)
+    assert any(isinstance(e, Verify) and e.draft_tokens for e in res.events)  # the draft ran on those features

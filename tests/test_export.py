@@ -88,6 +88,8 @@ def test_bad_options_get_one_line_naming_the_option(tiny, tmp_path):
     (full / "x").write_text("")
     wide = tmp_path / "wide-target"  # another model's head: 256 x 96 where the draft needs 256 x 64
     _wider_target().save_pretrained(wide)
+    last = tmp_path / "last-layer-draft"  # fuses layer 3, the tiny target's last
+    save_draft(tiny_draft(tiny[1], block_size=4, layer_ids=[1, 3]), last)
     cases = [
         (["--draft", draft, "--for", "vllm", "--out", str(tmp_path / "a")], "--target: needed by --for vllm"),
         (["--draft", draft, "--for", "sglang", "--target", tgt, "--out", str(tmp_path / "b")], "--target: is only used"),
@@ -97,6 +99,7 @@ def test_bad_options_get_one_line_naming_the_option(tiny, tmp_path):
         (["--draft", draft, "--for", "vllm", "--target", str(wide), "--out", str(tmp_path / "e")], "--target: its LM head is"),
         (["--draft", draft, "--for", "vllm", "--target", str(tmp_path / "nowhere"), "--out", str(tmp_path / "f")],
          "--target: "),
+        (["--draft", str(last), "--for", "full-head", "--out", str(tmp_path / "h")], "--draft: fuses the target's last layer (3)"),
     ]
     for argv, message in cases:
         done = export(*argv)
@@ -105,7 +108,7 @@ def test_bad_options_get_one_line_naming_the_option(tiny, tmp_path):
     bad_choice = export("--draft", draft, "--for", "tgi", "--out", str(tmp_path / "g"))
     assert bad_choice.returncode == 2 and "argument --for: invalid choice: 'tgi'" in bad_choice.stderr
     assert "Traceback" not in bad_choice.stderr
-    assert not any((tmp_path / n).exists() for n in "abcdefg")  # nothing written for a refused export
+    assert not any((tmp_path / n).exists() for n in "abcdefgh")  # nothing written for a refused export
 
 
 def _wider_target():
