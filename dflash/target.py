@@ -24,8 +24,6 @@ def chat_prompt_ids(tokenizer, prompt: str | list[dict]) -> list[int]:
     return list(out["input_ids"])
 
 
-# Architectures whose logits are exactly `lm_head(last hidden state)` (no soft-capping or logit scale), so
-# `Target.forward` may run the decoder and the head separately and use `PackedLinear` for the head.
 def feature_module(model: nn.Module, j: int) -> nn.Module:
     """The module whose output is target feature `j` in the z-lab / transformers convention (hidden_states[j + 1]):
     decoder layer j, except the last layer's, which transformers reports after the final norm."""
@@ -33,6 +31,8 @@ def feature_module(model: nn.Module, j: int) -> nn.Module:
     return model.model.norm if j == len(layers) - 1 else layers[j]
 
 
+# Architectures whose logits are exactly `lm_head(last hidden state)` (no soft-capping or logit scale), so
+# `Target.forward` may run the decoder and the head separately and use `PackedLinear` for the head.
 _PLAIN_HEAD = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
 
 
