@@ -151,6 +151,24 @@ def wall_seconds(log: list[dict], starts: list[int]) -> float:
     return sum(by_step[e]["s_per_step"] * (e - s) for s, e in zip(starts, ends) if e in by_step and e > s)
 
 
+RESOLVED = 0.08  # τ differences below this are not resolved by the held-out set (two standard errors of a difference)
+
+
+def continuations_text(lineage: list[str], also: list[str]) -> str:
+    """Where every run that continued the shipped draft ended (its last curve point), against the shipped draft."""
+    ends = {run: jsonl(RES / run / "curve.jsonl")[-1] for run in also if (RES / run / "curve.jsonl").exists()}
+    shipped = jsonl(RES / lineage[-1] / "curve.jsonl")[-1]["tau"]
+    if not ends:
+        return ""
+    lo, hi = min(e["tau"] for e in ends.values()), max(e["tau"] for e in ends.values())
+    names = ", ".join(f"`{r}`" for r in ends)
+    within = max(abs(lo - shipped), abs(hi - shipped)) < RESOLVED
+    return (f"\n\nEvery run that continued the shipped draft with another lever ({names}) ended between τ {lo:.3f} and "
+            f"{hi:.3f} on this set (the shipped draft: {shipped:.3f})" +
+            (", all within this set's resolution (see Ablation): none of those levers moved τ measurably." if within
+             else "."))
+
+
 def slope_per_doubling(runs: list[str]) -> tuple[float, float, float]:
     """Least-squares slope of real-loop τ against log2(supervised positions) over the curve's points from step
     1,000 of each run on (the first points of a run are its warm-up). Returns (slope, last τ, last positions)."""
@@ -238,7 +256,8 @@ def main() -> None:
         draft_table="\n".join(draft_table()), first_loss=segs[0][2][0]["loss"], ln_v=math.log(starts[0]["draft_vocab"]),
         slope=slope, last_tau=last_tau, x10_tau=last_tau + slope * math.log2(10), last_pos=last_pos,
         doublings=(2.0 - last_tau) / slope if slope > 0 else float("inf"),
-        factor=2 ** ((2.0 - last_tau) / slope) if slope > 0 else float("inf"))
+        factor=2 ** ((2.0 - last_tau) / slope) if slope > 0 else float("inf"),
+        continuations=continuations_text(runs, also), resolved=RESOLVED)
     (DRAFT / "TRAINING.md").write_text(text)
     policy = default_policy()
     readme_status(ev, policy, starts[0]["corpus_tokens"], steps, hours)
@@ -363,7 +382,7 @@ Over the points from step 1,000 on, τ rose by **{slope:.3f} per doubling** of s
 squares on log2 positions). If that slope held, 10× more supervised positions than the last point
 ({last_pos:,.0f}) would give τ ≈ {x10_tau:.2f} on this set — an extrapolation, not a measurement. At that slope,
 τ = 2.0 would need about 2^{doublings:.0f} ≈ {factor:,.0f}× the supervised positions of the last point: more
-compute on this recipe ({layers}-layer draft, teacher-forced data) does not reach the target by itself.
+compute on this recipe ({layers}-layer draft, teacher-forced data) does not reach the target by itself.{continuations}
 
 The first step's loss was {first_loss:.0f} against ln |V_draft| = {ln_v:.1f}: through the tied head, the final-normed
 MASK embedding (the whole residual stream of a fresh draft) scores the tokens near it with very large logits. The
@@ -374,7 +393,7 @@ first few steps remove it; it is a transient, not a lever.
 In each group the runs share data, seed and schedule and stop at the step shown; the better one was resumed
 to the end of the schedule (the resume is exact: same batches, same optimizer state). The real-loop τ is measured
 on about 640 blocks (16 held-out prompts × 64 tokens); its standard error (± s.e., from the acceptance histogram,
-blocks taken as independent) is about 0.03, so a difference between two runs smaller than ~0.08 (two standard errors
+blocks taken as independent) is about 0.03, so a difference between two runs smaller than ~{resolved:.2f} (two standard errors
 of a difference) is not resolved by this set.
 
 {ablation_sections}
