@@ -55,7 +55,8 @@ def feature_columns(stored: list[int], wanted: list[int], hidden: int) -> torch.
         raise ValueError(f"target layers {missing} are not in the data (stored: {stored})")
     if list(wanted) == list(stored):
         return None
-    return torch.cat([torch.arange(stored.index(j) * hidden, (stored.index(j) + 1) * hidden) for j in wanted])
+    spans = [torch.arange(stored.index(j) * hidden, (stored.index(j) + 1) * hidden) for j in wanted]
+    return torch.cat(spans) if spans else torch.empty(0, dtype=torch.long)
 
 
 def split_last_layer(stored: list[int], wanted: list[int], num_layers: int) -> tuple[list[int], bool]:
@@ -84,8 +85,7 @@ class Corpus:
         for data_dir in data_dirs.split(","):
             meta = json.loads((Path(data_dir) / "meta.json").read_text())
             from_features, with_final = split_last_layer(meta["layer_ids"], layer_ids, meta["num_target_layers"])
-            cols = (feature_columns(meta["layer_ids"], from_features, meta["hidden_size"]) if from_features
-                    else torch.empty(0, dtype=torch.long))
+            cols = feature_columns(meta["layer_ids"], from_features, meta["hidden_size"])
             self.meta = meta
             paths = sorted(Path(data_dir).glob("shard_*.safetensors"))
             keep_out = holdout if len(paths) > holdout else 0
