@@ -65,6 +65,19 @@ class SlowStart(Controller):
         return new, reason
 
 
+PRIOR_ALPHA = 0.5  # acceptance assumed at every draft position before any block is seen
+
+
+def expected_tokens(alphas: list[float]) -> float:
+    """Tokens a block commits when draft position k is accepted with conditional probability alphas[k-1]:
+    E = 1 + Σ_k Π_{j≤k} α_j (the bonus token always counts)."""
+    total, run = 1.0, 1.0
+    for a in alphas:
+        run *= a
+        total += run
+    return total
+
+
 class CostAware(Controller):
     """Maximise expected tokens per millisecond.
 
@@ -81,7 +94,7 @@ class CostAware(Controller):
         super().__init__(block_size, min_size, max_size)
         n = max_size
         self.reached = [1.0] * n  # index k: draft position k (1-based; index 0 unused)
-        self.accepted = [0.5] * n
+        self.accepted = [PRIOR_ALPHA] * n
         self.cost_sum: dict[int, float] = {}
         self.cost_n: dict[int, float] = {}
 
@@ -93,11 +106,7 @@ class CostAware(Controller):
         return (self.accepted[k] + pooled) / (self.reached[k] + 1.0)
 
     def expected_tokens(self, size: int) -> float:
-        total, run = 1.0, 1.0
-        for k in range(1, size):
-            run *= self.alpha(k)
-            total += run
-        return total
+        return expected_tokens([self.alpha(k) for k in range(1, size)])
 
     def cost(self, size: int) -> float:
         means = {b: self.cost_sum[b] / self.cost_n[b] for b in self.cost_sum}

@@ -104,6 +104,11 @@ class Engine:
         self._texts: dict[int, str] = {}
         self.host = None  # dflash.host.HostSettings: the CPU settings load_engine chose (None: not chosen there)
 
+    @property
+    def draft_vocab(self) -> torch.Tensor | None:
+        """The target token ids the draft head scores (None: the whole vocabulary)."""
+        return self._draft_vocab
+
     def use_drafter(self, drafter: DraftProposer | None = None) -> None:
         """Propose the blocks of the next requests with `drafter`; None: with a `Drafter` over the draft model."""
         if self.draft is None:

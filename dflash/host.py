@@ -25,11 +25,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dflash.adaptive import PRIOR_ALPHA, expected_tokens
 from dflash.packed import LAYOUTS
 
-PROBE_VERSION = 4  # 2: fewer threads for the leading dtype only; 3: layouts interleaved, fastest rep; 4: 64-token context
+PROBE_VERSION = 5  # 2: fewer threads for the leading dtype only; 3: layouts interleaved, fastest rep; 4: 64-token context;
+# 5: scored by expected ms per token (pair or block verify), slow candidates dropped after one timing
 CONTEXT = 64  # tokens in the KV cache while timing (a longer one costs its prefill in every dtype, bfloat16's slow)
 REPS = 2  # timed forwards per shape and candidate (the fastest is kept), after one warm-up
+SLOW = 2.0  # a candidate this many times slower than the leader at its first timing is not timed again
 
 
 def cpu_model() -> str:
@@ -76,9 +79,9 @@ class HostSettings:
     """The CPU settings in force and where they came from.
 
     source: "probe" (measured now), "cache" (measured on an earlier start), "user" (all fixed by the caller).
-    candidates: what the probe measured, one dict per (dtype, threads): step_ms (one token), verify_ms (`block`
-    tokens), score_ms (what was minimised), layout (the faster linear layout for that dtype). Every dtype at the
-    most threads; fewer threads for the dtype that led there.
+    candidates: what the probe measured, one dict per (dtype, threads): step_ms (one token), verify2_ms (two),
+    verify_ms (`block` tokens), score_ms (what was minimised: `score_ms`), layout (the faster linear layout for that
+    dtype). Every dtype at the most threads; fewer threads for the dtype that led there.
     """
 
     dtype: str
@@ -165,17 +168,30 @@ def forward_ms(target, cache, n_tokens: int, gen: torch.Generator) -> float:
     return ms
 
 
+def score_ms(ms: dict[int, float], block: int) -> float:
+    """Expected ms per committed token, from forward times by token count (`ms`: 1, 2 and `block`). A no-draft
+    engine takes one-token steps. A draft engine verifies blocks, and on a CPU its cost policy settles between a
+    pair (the last token + one draft) and the full block, so the better of the two at the policy's prior acceptance
+    scores it: a setting with a cheap pair and a slow long verify (bfloat16 on some CPUs) is worth what the policy
+    makes of it. The draft's own pass is left out, small beside a verify (a few % of a block on the default models)."""
+    if block == 1:
+        return ms[1]
+    return min(ms[n] / expected_tokens([PRIOR_ALPHA] * (n - 1)) for n in {2, block})
+
+
 def _measure(target, cache, block: int, variants: dict | None = None) -> dict:
-    """The fastest of REPS timings (after one warm-up) of a one-token step and a `block`-token verify, for each of
-    `variants` (name → a function that puts the model in that variant; None: {"": the model as it is}), returned
-    by variant name. Interleaved, so a slow moment of a shared machine hits every variant alike; the minimum,
-    because such moments only add time."""
+    """The fastest of REPS timings (after one warm-up) of one cached forward of 1, 2 and `block` tokens (1 only
+    without a draft), for each of `variants` (name → a function that puts the model in that variant; None: {"":
+    the model as it is}), with its score (`score_ms`), by variant name. Interleaved, so a slow moment of a shared
+    machine hits every variant alike; the minimum, because such moments only add time. A variant SLOW times the
+    leader's score at its first timing is not timed again (it cannot win; it would only lengthen a first start)."""
     variants = variants or {"": lambda: None}
-    sizes = [1, block] if block > 1 else [1]
+    sizes = sorted({1, 2, block}) if block > 1 else [1]
     gen = torch.Generator().manual_seed(block)
     times: dict = {(v, n): [] for v in variants for n in sizes}
+    live = dict(variants)
     for rep in range(REPS + 1):
-        for i, (name, put) in enumerate(variants.items()):
+        for i, (name, put) in enumerate(live.items()):
             if rep == 0 and i:  # rep 0 warms up thread pools and allocator once; a variant's first timing may
                 continue  # still carry its own first-call costs, which the minimum discards
             put()
@@ -183,12 +199,14 @@ def _measure(target, cache, block: int, variants: dict | None = None) -> dict:
                 ms = forward_ms(target, cache, n, gen)
                 if rep:
                     times[(name, n)].append(ms)
+        if rep == 1:
+            first = {v: score_ms({n: times[(v, n)][0] for n in sizes}, block) for v in live}
+            live = {v: put for v, put in live.items() if first[v] <= SLOW * min(first.values())}
     out = {}
     for name in variants:
-        step, verify = min(times[(name, 1)]), min(times[(name, block)]) if block > 1 else 0.0
-        # A no-draft engine only ever takes one-token steps; a draft's block is one verify and about one step's
-        # worth of draft work, so a setting that is fast at both wins.
-        out[name] = {"step_ms": round(step, 2), "verify_ms": round(verify, 2), "score_ms": round(step + verify, 2)}
+        ms = {n: min(times[(name, n)]) for n in sizes}
+        out[name] = {"step_ms": round(ms[1], 2), "verify2_ms": round(ms.get(2, 0.0), 2),
+                     "verify_ms": round(ms[block], 2) if block > 1 else 0.0, "score_ms": round(score_ms(ms, block), 2)}
     return out
 
 
@@ -217,7 +235,7 @@ def _best_layout(target, cache, dtype: str, threads: int, block: int) -> dict:
 
 
 def probe(model: nn.Module, block: int, dtypes: list[str], threads: list[int]) -> HostSettings:
-    """Time the candidates on `model` and return the fastest; about 3 s on a 135M model.
+    """Time the candidates on `model` and return the fastest; a few seconds on a 135M model.
 
     Each dtype at the most threads in both layouts, then fewer threads for the dtype that leads there only (what
     keeps a first start short). float32 runs on `model` itself, left in its faster layout; other dtypes on a copy

@@ -1,8 +1,8 @@
 """The CPU settings the host probe chooses, recorded per machine and tabled in BENCHMARKS.md.
 
     python scripts/host_settings.py record   # a fresh probe of the default models on this machine (quiet machine!),
-                                             # the forward-cost profile and `ar` in every setting against the default:
-                                             # results/host/<cpu>.json, <cpu>-forward.json, <cpu>-ar.json
+                                             # the forward-cost profile, `ar` and `dflash` in every setting against the
+                                             # default: results/host/<cpu>.json, <cpu>-{forward,ar,dflash}.json
     python scripts/host_settings.py table    # splice the "CPU settings per host" section of BENCHMARKS.md from them
 """
 
@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "results" / "host"
 FORWARD = ["forward", "--dtypes", "float32,bfloat16", "--tokens", "1,2,3,4,8,16", "--reps", "4", "--threads", "2", "--json"]
 AR = ["settings", "--prompts", "mt-bench", "--limit", "10", "--max-new-tokens", "64", "--json"]
+DFLASH = ["settings", "--method", "dflash", "--prompts", "mt-bench", "--limit", "10", "--max-new-tokens", "64", "--json"]
 START, END = "<!-- host-settings:start -->", "<!-- host-settings:end -->"
 
 
@@ -32,33 +33,38 @@ def record() -> None:
     with tempfile.TemporaryDirectory() as cache:  # a fresh probe, not this machine's cached choice
         os.environ["DFLASH_CACHE"] = cache
         from dflash.bench.machine import load_average
-        from dflash.host import cpu_model
+        from dflash.host import cpu_flags, cpu_model
         from dflash.load import load_engine
 
         _, info = load_engine()
-    name = slug(cpu_model())
+    # One CPU model name comes with different SIMD sets (AMD EPYC: AVX2 only, or AVX-512 with BF16): name by both.
+    simd = next((f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2", "asimd") if f in cpu_flags()), "scalar")
+    name = slug(f"{cpu_model()} {simd}")
     OUT.mkdir(parents=True, exist_ok=True)
     doc = {"command": "python scripts/host_settings.py record", "load_average": load_average(), **info["host"]}
     (OUT / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    for suffix, argv in (("forward", FORWARD), ("ar", AR)):
+    for suffix, argv in (("forward", FORWARD), ("ar", AR), ("dflash", DFLASH)):
         prof = subprocess.run([sys.executable, "-m", "dflash.bench.profile", *argv], cwd=ROOT, capture_output=True,
                               text=True, check=True)
         doc = {"command": "python -m dflash.bench.profile " + " ".join(argv), **json.loads(prof.stdout)}
         (OUT / f"{name}-{suffix}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote results/host/{name}.json, {name}-forward.json and {name}-ar.json")
+    print(f"wrote results/host/{name}.json, {name}-forward.json, {name}-ar.json and {name}-dflash.json")
 
 
 def settings_rows() -> list[str]:
-    rows = ["| host (CPU flags) | candidate | 1-token step | verify (block) | chosen | probe time |", "|---|---|---|---|---|---|"]
+    rows = ["| host (CPU flags) | candidate | 1-token step | 2-token verify | verify (block) | score | chosen | probe time |",
+            "|---|---|---|---|---|---|---|---|"]
     for path in sorted(OUT.glob("*.json")):
-        if path.stem.endswith(("-forward", "-ar")):
+        if path.stem.endswith(("-forward", "-ar", "-dflash")):
             continue
         d = json.loads(path.read_text())
         host = f"{d['machine']['cpu_model']}, {d['machine']['cores']} cores ({', '.join(d['machine']['cpu_flags'])})"
         for r in d["candidates"]:
             chosen = "**chosen**" if (r["dtype"], r["threads"], r["layout"]) == (d["dtype"], d["threads"], d["layout"]) else ""
-            rows.append(f"| {host} | {r['dtype']}, {r['threads']} thread{'s' * (r['threads'] != 1)}, {r['layout']} | {r['step_ms']:.0f} ms | "
-                        f"{r['verify_ms']:.0f} ms ({d['block']}) | {chosen} | {d['probe_s']:.1f} s |")
+            pair = f"{r['verify2_ms']:.0f} ms" if "verify2_ms" in r else "–"  # not measured before probe version 5
+            rows.append(f"| {host} | {r['dtype']}, {r['threads']} thread{'s' * (r['threads'] != 1)}, {r['layout']} | "
+                        f"{r['step_ms']:.0f} ms | {pair} | {r['verify_ms']:.0f} ms ({d['block']}) | {r['score_ms']:.0f} | "
+                        f"{chosen} | {d['probe_s']:.1f} s (v{d['machine']['probe_version']}) |")
             host = ""
     return rows
 
@@ -78,37 +84,52 @@ def forward_rows() -> list[str]:
     return rows
 
 
-def ar_rows() -> list[str]:
+def _results(method: str):
+    """(host name, result, the probe's choice) of every recorded `profile settings --method <method>` run."""
+    for path in sorted(OUT.glob(f"*-{method}.json")):
+        d = json.loads(path.read_text())["result"]
+        yield path.stem.removesuffix(f"-{method}"), d, d["host"] or {}
+
+
+def method_rows(method: str) -> list[str]:
     from dflash.bench.settings import DEFAULTS
 
-    rows = ["| host | setting | decode tok/s | vs default | same tokens as default |", "|---|---|---|---|---|"]
-    for path in sorted(OUT.glob("*-ar.json")):
-        d = json.loads(path.read_text())["result"]
-        name = path.stem.removesuffix("-ar")
+    rows = ["| host | setting | decode tok/s | vs default | same tokens as default | TTFT (median) |",
+            "|---|---|---|---|---|---|"]
+    for name, d, _ in _results(method):
         for r in sorted(d["rows"], key=lambda r: -r["tokens_per_s"]):
             label = f"**{r['setting']}**" if r["setting"] in DEFAULTS else r["setting"]
+            ttft = f"{r['ttft_ms_median']:.0f} ms" if r.get("ttft_ms_median") is not None else "–"  # not recorded before
             rows.append(f"| {name} | {label} | {r['tokens_per_s']:.1f} | {r['vs_default']:.2f}× | "
-                        f"{r['same_output_as_default']}/{d['n_prompts']} |")
+                        f"{r['same_output_as_default']}/{d['n_prompts']} | {ttft} |")
             name = ""
     return rows
 
 
+def _chosen(host: dict) -> str:
+    return f"{host.get('dtype')}, {host.get('threads')} threads, {host.get('layout')}"
+
+
 def ar_verdicts() -> list[str]:
     out = []
-    for path in sorted(OUT.glob("*-ar.json")):
-        d = json.loads(path.read_text())["result"]
-        host = d["host"] or {}
-        out.append(f"- {path.stem.removesuffix('-ar')}: the default ({host.get('dtype')}, {host.get('threads')} "
-                   f"threads, {host.get('layout')}) decodes at **{d['default_vs_best_fixed']:.2f}×** the fastest "
-                   f"fixed setting ({d['best_fixed']}) and **{d['default_vs_hf_generate']:.2f}×** `hf-generate` in "
-                   f"the same settings ({d['n_prompts']} MT-Bench prompts × {d['max_new_tokens']} tokens; the probe of that run "
-                   f"took {host.get('probe_s')} s).")
+    for name, d, host in _results("ar"):
+        out.append(f"- {name}: the default ({_chosen(host)}) decodes at "
+                   f"**{d['default_vs_best_fixed']:.2f}×** the fastest fixed setting ({d['best_fixed']}) and "
+                   f"**{d['default_vs_hf_generate']:.2f}×** `hf-generate` in the same settings ({d['n_prompts']} "
+                   f"MT-Bench prompts × {d['max_new_tokens']} tokens; the probe of that run took {host.get('probe_s')} s).")
         plain = d.get("host_no_draft")
         if plain and d.get("no_draft_default_vs_best_fixed"):
             out.append(f"  Loaded without the draft (plain decoding: probed on the one-token step alone) the engine "
-                       f"chose {plain['dtype']}, {plain['threads']} threads, {plain['layout']} ({plain['mode']}) and "
+                       f"chose {_chosen(plain)} ({plain['mode']}) and "
                        f"decodes at **{d['no_draft_default_vs_best_fixed']:.2f}×** the fastest fixed setting.")
     return out
+
+
+def dflash_verdicts() -> list[str]:
+    return [f"- {name}: DFlash in the default settings ({_chosen(host)}, {host.get('mode')}) runs at "
+            f"**{d['default_vs_best_fixed']:.2f}×** the fastest fixed setting ({d['best_fixed']}) and "
+            f"**{d['default_vs_ar']:.2f}×** `ar` in the same settings ({d['n_prompts']} MT-Bench prompts × "
+            f"{d['max_new_tokens']} tokens)." for name, d, host in _results("dflash")]
 
 
 def table() -> None:
@@ -133,12 +154,22 @@ def table() -> None:
         "`ar` (the no-draft loop) in the default settings against every fixed setting and `hf-generate`, interleaved "
         "in one process (decode tokens/s; bfloat16 tokens may differ from the float32 default at numerical ties):",
         "",
-        *ar_rows(),
+        *method_rows("ar"),
         "",
         *ar_verdicts(),
         "",
-        "The probe scores a setting by its one-token step plus a verify of the draft's block, what a DFlash block "
-        "costs, so with a draft loaded it can choose a setting that is not the fastest for `ar` alone; an engine "
+        "DFlash (the shipped draft, the default block policy) in the default settings against every fixed setting, "
+        "and `ar` in the default settings, interleaved in one process (decode tokens/s; recorded from probe version "
+        "5 on):",
+        "",
+        *method_rows("dflash"),
+        "",
+        *dflash_verdicts(),
+        "",
+        "With a draft loaded the probe scores a setting by the expected milliseconds per committed token of a DFlash "
+        "block: the better of a 2-token verify and a verify of the draft's block, each divided by the tokens it "
+        "commits at the block policy's prior acceptance (0.5 per position; before probe version 5: the one-token "
+        "step plus the block's verify). So it can choose a setting that is not the fastest for `ar` alone; an engine "
         "without a draft is probed on the step only (the \"default, no draft\" row). This VM's speed also varied by "
         "hour (a shared host): compare ratios within one run, not absolute times across runs.",
         END,

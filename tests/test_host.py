@@ -31,13 +31,47 @@ def test_the_probe_times_every_candidate_and_keeps_the_fastest(tmp_path):
         (leader["dtype"], n, leader["layout"]) for n in sorted(host.thread_candidates(), reverse=True)[1:]]
     best = min(s.candidates, key=lambda r: r["score_ms"])
     assert (s.dtype, s.threads, s.layout) == (best["dtype"], best["threads"], best["layout"])
-    assert all(r["step_ms"] > 0 and r["verify_ms"] > 0 and r["score_ms"] == pytest.approx(r["step_ms"] + r["verify_ms"],
-                                                                                         abs=0.02) for r in s.candidates)
+    for r in s.candidates:
+        assert r["step_ms"] > 0 and r["verify2_ms"] > 0 and r["verify_ms"] > 0
+        assert r["score_ms"] == pytest.approx(host.score_ms({1: r["step_ms"], 2: r["verify2_ms"], 4: r["verify_ms"]}, 4),
+                                              abs=0.02)
     assert torch.get_num_threads() == before  # the probe leaves the process as it found it …
     assert next(model.parameters()).dtype == torch.float32  # … and the model in float32 (bfloat16 ran on a copy)
     float32_layout = next(r["layout"] for r in s.candidates if r["dtype"] == "float32")
     assert layout_of(model.model.layers) == float32_layout
     assert s.exact == (s.dtype == "float32") and s.to_dict()["mode"] in ("exact", "fast")
+
+
+def test_the_score_is_expected_ms_per_token_at_the_cheaper_of_a_pair_and_the_block():
+    # Forward costs by token count measured on two hosts (AVX2-only AMD EPYC; Intel with AVX-512, no BF16).
+    amd = {"float32": {1: 54, 2: 68, 8: 95}, "bfloat16": {1: 36, 2: 47, 8: 141}}
+    intel = {"float32": {1: 73, 2: 79, 8: 92}, "bfloat16": {1: 58, 2: 86, 8: 156}}
+    assert host.score_ms(amd["bfloat16"], 8) == pytest.approx(47 / 1.5)  # a pair commits 1 + 0.5 tokens
+    assert host.score_ms(intel["float32"], 8) == pytest.approx(92 / (2 - 0.5 ** 7))  # a block of 8: 1 + … + 0.5^7
+    assert host.score_ms(amd["float32"], 1) == 54  # no draft: the one-token step
+    best = {name: min(costs, key=lambda d: host.score_ms(costs[d], 8)) for name, costs in (("amd", amd), ("intel", intel))}
+    assert best == {"amd": "bfloat16", "intel": "float32"}  # what each host's DFlash runs were fastest in
+
+
+def test_a_candidate_twice_as_slow_as_the_leader_is_timed_once(monkeypatch):
+    """Real forwards of a tiny target; the "slow" variant's times are scaled up 50× (what a bad layout costs on
+    some CPUs) so that the schedule, not the machine, decides: after its first timed rep it is dropped."""
+    target = tiny_target("llama", seed=0)
+    cache = target.new_cache()
+    target.forward(torch.arange(host.CONTEXT)[None] % target.vocab_size, cache, last_only=True, capture=False)
+    state, puts = {"variant": None}, {"fast": 0, "slow": 0}
+    real = host.forward_ms
+    monkeypatch.setattr(host, "forward_ms", lambda *a: real(*a) * (50.0 if state["variant"] == "slow" else 1.0))
+
+    def put(name):
+        def go():
+            puts[name] += 1
+            state["variant"] = name
+        return go
+
+    out = host._measure(target, cache, 4, {"fast": put("fast"), "slow": put("slow")})
+    assert puts == {"fast": 1 + host.REPS, "slow": 1}  # warm-up + every timed rep / its first timed rep only
+    assert out["slow"]["score_ms"] > host.SLOW * out["fast"]["score_ms"] and out["fast"]["verify2_ms"] > 0
 
 
 def test_a_second_start_reads_the_cached_choice(tmp_path):

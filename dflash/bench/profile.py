@@ -15,9 +15,9 @@
             [--max-new-tokens 48] [--block 8] [--device cuda]
         the logits of a `--block`-token verify vs the one-token step on the no-draft greedy output, per dtype:
         what the tie bounds of dflash.stats.TIE_BOUND are set from (dflash.bench.drift).
-    python -m dflash.bench.profile settings [--prompts mt-bench] [--limit 8] [--max-new-tokens 64]
+    python -m dflash.bench.profile settings [--method ar|dflash] [--prompts mt-bench] [--limit 8] [--max-new-tokens 64]
         `ar` in the default (host-probed) settings vs `hf-generate` in the same settings and `ar` in every fixed
-        dtype × threads × layout, interleaved (dflash.bench.settings).
+        dtype × threads × layout, interleaved (dflash.bench.settings); `--method dflash`: DFlash in each.
 
 Options shared with the CLI: --preset/--target/--draft/--dtype/--threads. Keep runs small on a shared CPU.
 """
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     modes = {"forward": forward_costs, "ops": op_profile, "gemm": gemm_costs, "head-ab": head_ab,
-             "logit-drift": drift.logit_drift, "settings": settings.ar_settings}
+             "logit-drift": drift.logit_drift, "settings": settings.profile_settings}
     try:
         result = modes[args.mode](args)
     except DFlashError as exc:  # a bad option or model: the message names it

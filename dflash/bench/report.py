@@ -74,9 +74,10 @@ def summarize_method(prompts: list[dict], method: str, baseline: str, repeats: i
     if greedy and method != "ar" and any(p["methods"][method]["identical"] is not None for p in mine):
         same = [p["index"] for p in mine if p["methods"][method]["identical"]]
         differ = [p["index"] for p in mine if p["methods"][method]["identical"] is False]
-        ties = [p["index"] for p in mine if _verdict(p["methods"][method]) == "tie"]
+        verdicts = [_verdict(p["methods"][method]) for p in mine]
+        ties, lossy = verdicts.count("tie"), verdicts.count("lossy")
         out["identical"] = {"n_identical": len(same), "n_compared": len(same) + len(differ), "differing_prompts": differ,
-                            "n_ties": len(ties), "n_errors": len(differ) - len(ties)}
+                            "n_ties": ties, "n_lossy": lossy, "n_errors": len(differ) - ties - lossy}
     if method != baseline:
         by_repeat = [_ratio(prompts, baseline, method, "decode_ms", r)["speedup"] for r in range(repeats)]
         out["speedup"] = {
@@ -92,11 +93,20 @@ def summarize_method(prompts: list[dict], method: str, baseline: str, repeats: i
 
 
 def _verdict(rec: dict) -> str | None:
-    """"tie" or "error" for a greedy output that differs from `ar` (a record written before diagnoses: "error",
-    nothing shows it to be a tie); None when it does not differ."""
+    """Why a greedy output differs from `ar`: "lossy" when the compared run accepted drafts by the relaxed rule
+    (acceptance threshold < 1: its stats count tokens that differ from the target's own choice, so the difference
+    is the opt-in loss, not a fault), else the numerical diagnosis, "tie" or "error" (a record written before
+    diagnoses: "error", nothing shows it to be a tie). None when it does not differ."""
     if rec["identical"] is not False:
         return None
+    if _drift_tokens(rec):
+        return "lossy"
     return (rec.get("diagnosis") or {}).get("verdict", "error")
+
+
+def _drift_tokens(rec: dict) -> int:
+    """Tokens the compared run (the first repeat, the one diffed against `ar`) emitted against the target's choice."""
+    return int(((rec["runs"][0].get("stats") or {}) if rec["runs"] else {}).get("drift_tokens") or 0)
 
 
 def differences(prompts: list[dict]) -> list[dict]:
@@ -112,7 +122,7 @@ def differences(prompts: list[dict]) -> list[dict]:
                             "ar_token": _token(ref["output_ids"], k) if ref else None,
                             "method_token": _token(rec["output_ids"], k), "same_length": rec["same_length"],
                             "verdict": _verdict(rec), "ar_gap": diag.get("ref_gap"), "method_gap": diag.get("run_gap"),
-                            "bound": diag.get("bound")})
+                            "bound": diag.get("bound"), "drift_tokens": _drift_tokens(rec)})
     return out
 
 
@@ -138,12 +148,23 @@ def _fmt_speedup(s: dict | None, greedy: bool) -> tuple[str, str, str]:
 
 
 def _fmt_identical(ident: dict) -> str:
-    """'3/4 (1 tie, 0 errors)': identical outputs of those compared, and how the others were diagnosed."""
+    """'3/4 (1 tie, 0 errors)': identical outputs of those compared, and how the others were diagnosed; a lossy
+    run's differences are counted apart ('1/4 (0 ties, 0 errors, 3 lossy)')."""
     text = f"{ident['n_identical']}/{ident['n_compared']}"
-    ties, errors = ident["n_ties"], ident["n_errors"]
-    if ties or errors:
-        text += f" ({ties} tie{'s' * (ties != 1)}, {errors} error{'s' * (errors != 1)})"
+    ties, errors, lossy = ident["n_ties"], ident["n_errors"], ident.get("n_lossy", 0)
+    if ties or errors or lossy:
+        kinds = [f"{ties} tie{'s' * (ties != 1)}", f"{errors} error{'s' * (errors != 1)}"] + [f"{lossy} lossy"] * bool(lossy)
+        text += f" ({', '.join(kinds)})"
     return text
+
+
+def _why(d: dict) -> str:
+    """One difference in words, with both runs' top-2 gaps at the first differing token."""
+    gaps = f"top-2 gaps {_gap(d.get('ar_gap'))} / {_gap(d.get('method_gap'))}"
+    if d.get("verdict") == "lossy":
+        n = d["drift_tokens"]
+        return f"expected, the run is lossy ({n} token{'s' * (n != 1)} accepted by the relaxed rule; {gaps})"
+    return f"{'numerical tie' if d.get('verdict') == 'tie' else 'NOT a tie'} ({gaps}, bound {_gap(d.get('bound'))})"
 
 
 def markdown(result: dict) -> str:
@@ -178,9 +199,7 @@ def markdown(result: dict) -> str:
     if diffs:
         lines += ["", "Greedy outputs that differ from `ar`:", ""]
         lines += [f"- prompt {d['prompt']}, {d['method']}: first difference at output token {d['first_diff']} "
-                  f"(ar {d['ar_token']}, {d['method']} {d['method_token']}): "
-                  f"{'numerical tie' if d.get('verdict') == 'tie' else 'NOT a tie'} (top-2 gaps {_gap(d.get('ar_gap'))} / "
-                  f"{_gap(d.get('method_gap'))}, bound {_gap(d.get('bound'))})" for d in diffs]
+                  f"(ar {d['ar_token']}, {d['method']} {d['method_token']}): {_why(d)}" for d in diffs]
     elif cfg["greedy"] and "ar" in cfg["methods"] and len(cfg["methods"]) > 1:
         lines += ["", "Every greedy output equals the `ar` output."]
     return "\n".join(lines) + "\n"

@@ -1,18 +1,21 @@
-"""`profile settings`: is the host probe's choice the fastest for plain decoding? `ar` with the default settings,
-`hf-generate` with the same settings, and `ar` with every fixed setting — dtype {float32, bfloat16} × threads
-(1, half and all usable cores) × decoder layout {linear, transposed} — interleaved on each prompt in one process.
-With a draft, the engine's settings are chosen for DFlash blocks (step + verify), so `ar` also runs in the settings
-an engine loaded without the draft gets (probed on the one-token step alone): "default, no draft".
+"""`profile settings`: is the host probe's choice the fastest? With `--method ar` (the default): `ar` with the
+default settings, `hf-generate` with the same settings, and `ar` with every fixed setting — dtype {float32,
+bfloat16} × threads (1, half and all usable cores) × decoder layout {linear, transposed} — interleaved on each
+prompt in one process. With a draft, the engine's settings are chosen for DFlash blocks, so `ar` also runs in the
+settings an engine loaded without the draft gets (probed on the one-token step alone): "default, no draft".
+With `--method dflash`: DFlash (the engine's default block policy) in the default settings and in every fixed
+setting, and `ar` in the default settings ("default, ar") for the speedup in the same run.
 
 Each fixed setting runs on its own copy of the weights, so switching between them costs nothing timed. The result
 gives decode tokens/s per setting (total tokens / total decode time over the prompts), the default's ratio to the
-fastest fixed setting and to `hf-generate`, and how many outputs equal the default's.
+fastest fixed setting (and to `hf-generate` or `ar`), and how many outputs equal the default's.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +28,8 @@ from dflash.packed import LAYOUTS
 from dflash.target import Target
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-DEFAULTS = ("default", "default, no draft", "hf-generate")  # the rows that are not fixed settings
+DEFAULTS = ("default", "default, no draft", "default, ar", "hf-generate")  # the rows that are not fixed settings
+METHODS = ("ar", "dflash")
 
 
 @dataclass(frozen=True)
@@ -36,25 +40,29 @@ class Setting:
     method: str = "ar"
 
 
-def fixed_settings(model: torch.nn.Module, tokenizer, name: str, dtypes: list[str], threads: list[int]) -> list[Setting]:
-    """One no-draft engine per (dtype, layout), each on its own copy of `model` (as loaded: float32, no hooks), at
-    each thread count."""
+def fixed_settings(model: torch.nn.Module, tokenizer, name: str, dtypes: list[str], threads: list[int],
+                   like: Engine | None = None, method: str = "ar") -> list[Setting]:
+    """One engine per (dtype, layout), each on its own copy of `model` (as loaded: float32, no hooks) and, for
+    `method` dflash, of `like`'s draft; at each thread count."""
     out = []
     for dtype in dtypes:
         for layout in LAYOUTS:
             target = Target(copy.deepcopy(model), tokenizer, name=name, dtype=DTYPES[dtype], layout=layout)
-            e = Engine(target, name=name)
-            out += [Setting(f"{dtype}, {n} thread{'s' * (n != 1)}, {layout}", e, n) for n in threads]
+            draft = dict(draft=copy.deepcopy(like.draft), draft_vocab=like.draft_vocab) if method == "dflash" else {}
+            e = Engine(target, name=name, **draft)
+            out += [Setting(f"{dtype}, {n} thread{'s' * (n != 1)}, {layout}", e, n, method) for n in threads]
     return out
 
 
 def measure(engine: Engine, items: list[PromptItem], settings: list[Setting], max_new_tokens: int) -> dict:
     """Every setting on every prompt, the order rotated by one per prompt; greedy. Returns the summary dict."""
-    cfg = BenchConfig(methods=("ar", "hf-generate"), request={"max_new_tokens": max_new_tokens, "deadline_s": None})
+    cfg = BenchConfig(methods=("ar", "dflash", "hf-generate"), request={"max_new_tokens": max_new_tokens,
+                                                                        "deadline_s": None})
     before = torch.get_num_threads()
     tokens = {s.name: 0 for s in settings}
     ms = {s.name: 0.0 for s in settings}
     same = {s.name: 0 for s in settings}
+    ttft: dict[str, list[float]] = {s.name: [] for s in settings}  # the prompt's prefill + first token
     try:
         for s in settings:  # warm-up: first-call allocations and packing, untimed
             torch.set_num_threads(s.threads)
@@ -67,15 +75,17 @@ def measure(engine: Engine, items: list[PromptItem], settings: list[Setting], ma
                 out = run_method(s.engine, s.method, item.ids, cfg)
                 tokens[s.name] += out.decode_tokens
                 ms[s.name] += out.decode_ms
+                ttft[s.name].append(out.ttft_ms)
                 outputs[s.name] = out.output_ids
             for name, ids in outputs.items():
                 same[name] += ids == outputs["default"]
     finally:
         torch.set_num_threads(before)
-    return summarize(settings, tokens, ms, same, len(items))
+    return summarize(settings, tokens, ms, same, len(items), ttft)
 
 
-def summarize(settings: list[Setting], tokens: dict, ms: dict, same: dict, n_prompts: int) -> dict:
+def summarize(settings: list[Setting], tokens: dict, ms: dict, same: dict, n_prompts: int,
+              ttft: dict[str, list[float]] | None = None) -> dict:
     rate = {n: tokens[n] / (ms[n] / 1000) if ms[n] > 0 else 0.0 for n in tokens}
     fixed = [s.name for s in settings if s.name not in DEFAULTS]
     best = max(fixed, key=lambda n: rate[n])
@@ -83,16 +93,20 @@ def summarize(settings: list[Setting], tokens: dict, ms: dict, same: dict, n_pro
     rows = [{"setting": s.name, "method": s.method, "threads": s.threads, "decode_tokens": tokens[s.name],
              "decode_ms": round(ms[s.name], 1), "tokens_per_s": round(rate[s.name], 2),
              "vs_default": round(rate[s.name] / rate["default"], 3) if rate["default"] else None,
-             "same_output_as_default": same[s.name]} for s in settings]
+             "same_output_as_default": same[s.name],
+             "ttft_ms_median": round(statistics.median(ttft[s.name]), 1) if ttft and ttft[s.name] else None}
+            for s in settings]
     return {"n_prompts": n_prompts, "rows": rows, "best_fixed": best,
             "default_vs_best_fixed": round(rate["default"] / rate[best], 3) if rate[best] else None,
             "default_vs_hf_generate": round(rate["default"] / rate["hf-generate"], 3) if rate.get("hf-generate")
             else None,
+            "default_vs_ar": round(rate["default"] / rate["default, ar"], 3) if rate.get("default, ar") else None,
             "no_draft_default_vs_best_fixed": round(plain / rate[best], 3) if plain and rate[best] else None}
 
 
-def ar_settings(args) -> dict:
-    """`profile settings`: the engine of --preset/--target in its default (probed) settings against the rest."""
+def profile_settings(args) -> dict:
+    """`profile settings`: the engine of --preset/--target in its default (probed) settings against the rest,
+    running `args.method`."""
     from dflash.cli import engine_from_args
     from dflash.load import load_target_model
 
@@ -100,22 +114,30 @@ def ar_settings(args) -> dict:
         raise ValidationError("limit", f"must be in [1, 1000], got {args.limit}")
     if not 2 <= args.max_new_tokens <= 4096:
         raise ValidationError("max_new_tokens", f"must be in [2, 4096], got {args.max_new_tokens}")
+    if args.method not in METHODS:
+        raise ValidationError("method", f"must be one of {', '.join(METHODS)}, got {args.method!r}")
     engine, info = engine_from_args(args)
     if engine.target.device.type != "cpu":
         raise ValidationError("device", "profile settings compares CPU settings: run it on the CPU")
+    if args.method == "dflash" and engine.draft is None:
+        raise ValidationError("method", "dflash needs a draft model: give --draft (or a preset with one)")
     items = prepare_prompts(engine, args.prompts, args.limit)
     threads = _threads(engine)
-    settings = [Setting("default", engine, threads), Setting("hf-generate", engine, threads, "hf-generate")]
-    plain_host = None
-    if engine.draft is not None:  # what plain decoding gets by default: an engine probed without the draft
-        plain, plain_info = engine_from_args(argparse.Namespace(**{**vars(args), "no_draft": True}))
-        settings.insert(1, Setting("default, no draft", plain, _threads(plain)))
-        plain_host = plain_info.get("host")
+    settings, plain_host = [Setting("default", engine, threads, args.method)], None
+    if args.method == "dflash":
+        settings.append(Setting("default, ar", engine, threads))
+    else:
+        settings.append(Setting("hf-generate", engine, threads, "hf-generate"))
+        if engine.draft is not None:  # what plain decoding gets by default: an engine probed without the draft
+            plain, plain_info = engine_from_args(argparse.Namespace(**{**vars(args), "no_draft": True}))
+            settings.insert(1, Setting("default, no draft", plain, _threads(plain)))
+            plain_host = plain_info.get("host")
     model, tokenizer = load_target_model(info["target"])  # a fresh float32 copy for the fixed settings
-    settings += fixed_settings(model, tokenizer, engine.name, list(DTYPES), thread_candidates())
+    settings += fixed_settings(model, tokenizer, engine.name, list(DTYPES), thread_candidates(), engine, args.method)
     del model
-    return {"host": info.get("host"), "host_no_draft": plain_host, "max_new_tokens": args.max_new_tokens,
-            "prompts": args.prompts, **measure(engine, items, settings, args.max_new_tokens)}
+    return {"host": info.get("host"), "host_no_draft": plain_host, "method": args.method,
+            "max_new_tokens": args.max_new_tokens, "prompts": args.prompts,
+            **measure(engine, items, settings, args.max_new_tokens)}
 
 
 def _threads(engine: Engine) -> int:
@@ -123,7 +145,8 @@ def _threads(engine: Engine) -> int:
 
 
 def add_parser(sub):
-    s = sub.add_parser("settings", help="ar with the default settings vs every fixed dtype/threads/layout, and hf-generate")
+    s = sub.add_parser("settings", help="ar (or dflash) with the default settings vs every fixed dtype/threads/layout")
+    s.add_argument("--method", default="ar", help=f"what every setting runs: {' or '.join(METHODS)}")
     s.add_argument("--prompts", default="mt-bench", help="a prompt set or a .jsonl file (as in `bench`)")
     s.add_argument("--limit", type=int, default=8)
     s.add_argument("--max-new-tokens", type=int, default=64)
