@@ -24,7 +24,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-draft", action="store_true", help="autoregressive baseline (same loop, no draft)")
     g.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                    help="auto = bfloat16 on GPU; on a CPU the faster of float32 (exact) and bfloat16 (fast: identical "
-                        "except at numerical ties), measured once per machine by the host probe and cached")
+                        "except at numerical ties), measured once per machine by the host probe and cached; "
+                        "DFLASH_DTYPE also fixes it")
     g.add_argument("--device", help="cpu, cuda, cuda:1 … (default: cuda when available)")
     g.add_argument("--threads", type=int, help="torch CPU threads (default: chosen by the host probe; DFLASH_THREADS "
                                                "also fixes it)")

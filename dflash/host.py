@@ -272,6 +272,19 @@ def env_threads() -> int | None:
     return int(raw)
 
 
+def env_dtype() -> str | None:
+    """DFLASH_DTYPE, when set: the dtype the operator fixed, as `--dtype` does for the CLI (e.g. float32 for long
+    prompts on a CPU whose bfloat16 decodes fast but prefills slowly)."""
+    raw = os.environ.get("DFLASH_DTYPE", "").strip()
+    if raw in ("", "auto"):
+        return None
+    if raw not in ("float32", "bfloat16"):
+        from dflash.errors import ValidationError
+
+        raise ValidationError("DFLASH_DTYPE", f"must be float32, bfloat16 or auto, got {raw!r}")
+    return raw
+
+
 PROBE_MODES = ("0", "1", "refresh")
 
 

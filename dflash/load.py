@@ -20,7 +20,7 @@ import torch
 from dflash.draft import CONFIG_NAME, WEIGHTS_NAME, load_draft
 from dflash.engine import Engine
 from dflash.errors import ModelLoadError
-from dflash.host import HostSettings, env_threads
+from dflash.host import HostSettings, env_dtype, env_threads
 from dflash.host import choose as choose_settings
 from dflash.registry import get_preset
 from dflash.target import Target
@@ -238,6 +238,8 @@ def load_engine(preset: str | None = "default", target: str | None = None, draft
     larger than one GPU over the visible GPUs with accelerate (the draft stays on the first one).
     """
     threads = threads or env_threads()
+    if dtype in (None, "auto"):  # what the caller gives wins over the environment, as for threads
+        dtype = env_dtype() or dtype
     if threads:
         torch.set_num_threads(threads)
     if target is None:

@@ -121,8 +121,21 @@ def ar_verdicts() -> list[str]:
         if plain and d.get("no_draft_default_vs_best_fixed"):
             out.append(f"  Loaded without the draft (plain decoding: probed on the one-token step alone) the engine "
                        f"chose {_chosen(plain)} ({plain['mode']}) and "
-                       f"decodes at **{d['no_draft_default_vs_best_fixed']:.2f}×** the fastest fixed setting.")
+                       f"decodes at **{d['no_draft_default_vs_best_fixed']:.2f}×** the fastest fixed setting."
+                       + _missed(plain, host, d["best_fixed"], d["no_draft_default_vs_best_fixed"]))
     return out
+
+
+def _missed(plain: dict, host: dict, best_fixed: str, ratio: float) -> str:
+    """Why a no-draft probe missed the fastest setting: its step time for the winning dtype against the draft
+    probe's in the same run (both timed on fresh copies of the weights)."""
+    dtype = best_fixed.split(",")[0]
+    steps = [next((r["step_ms"] for r in h["candidates"] if r["dtype"] == dtype), None) for h in (plain, host)]
+    if ratio >= 0.95 or plain["dtype"] == dtype or None in steps:
+        return ""
+    return (f" That probe timed {dtype}'s one-token step at {steps[0]:.0f} ms, the draft engine's probe in the same "
+            f"run at {steps[1]:.0f} ms: on this VM a fresh copy of the weights does not always run at the same speed, "
+            f"so a probe can miss; `DFLASH_PROBE=refresh` measures again.")
 
 
 def dflash_verdicts() -> list[str]:

@@ -143,3 +143,10 @@ def test_the_host_settings_are_probed_once_then_read_back(models, tmp_path):
     assert (settings["dtype"], settings["threads"], settings["mode"]) == ("float32", 1, "exact")
     bad = generate(*run, env={**env, "DFLASH_THREADS": "many"})
     assert bad.returncode == 2 and "DFLASH_THREADS" in bad.stderr and "Traceback" not in bad.stderr
+    by_env = json.loads(generate(*run, env={**env, "DFLASH_DTYPE": "float32"}).stdout)["settings"]
+    assert by_env["dtype"] == "float32" and {r["dtype"] for r in by_env["candidates"]} == {"float32"}
+    given = json.loads(generate(*run, "--dtype", "bfloat16", env={**env, "DFLASH_DTYPE": "float32"}).stdout)["settings"]
+    assert given["dtype"] == "bfloat16"  # the flag wins over the environment
+    bad = generate(*run, env={**env, "DFLASH_DTYPE": "fp8"})
+    assert bad.returncode == 2 and "DFLASH_DTYPE: must be float32, bfloat16 or auto" in bad.stderr
+    assert "Traceback" not in bad.stderr
