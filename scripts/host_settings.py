@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "results" / "host"
 FORWARD = ["forward", "--dtypes", "float32,bfloat16", "--tokens", "1,2,3,4,8,16", "--reps", "4", "--threads", "2", "--json"]
 AR = ["settings", "--prompts", "mt-bench", "--limit", "10", "--max-new-tokens", "64", "--json"]
-DFLASH = ["settings", "--method", "dflash", "--prompts", "mt-bench", "--limit", "10", "--max-new-tokens", "64", "--json"]
+DFLASH = ["settings", "--method", "dflash", *AR[1:]]
 START, END = "<!-- host-settings:start -->", "<!-- host-settings:end -->"
 
 

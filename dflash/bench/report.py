@@ -106,7 +106,8 @@ def _verdict(rec: dict) -> str | None:
 
 def _drift_tokens(rec: dict) -> int:
     """Tokens the compared run (the first repeat, the one diffed against `ar`) emitted against the target's choice."""
-    return int(((rec["runs"][0].get("stats") or {}) if rec["runs"] else {}).get("drift_tokens") or 0)
+    stats = rec["runs"][0].get("stats") if rec["runs"] else None
+    return int((stats or {}).get("drift_tokens") or 0)
 
 
 def differences(prompts: list[dict]) -> list[dict]:
