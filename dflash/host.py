@@ -16,10 +16,12 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -28,11 +30,17 @@ from torch import nn
 from dflash.adaptive import PRIOR_ALPHA, expected_tokens
 from dflash.packed import LAYOUTS
 
-PROBE_VERSION = 5  # 2: fewer threads for the leading dtype only; 3: layouts interleaved, fastest rep; 4: 64-token context;
-# 5: scored by expected ms per token (pair or block verify), slow candidates dropped after one timing
+PROBE_VERSION = 6  # 2: fewer threads for the leading dtype only; 3: layouts interleaved, fastest rep; 4: 64-token context;
+# 5: scored by expected ms per token (pair or block verify), slow candidates dropped after one timing; 6: dtypes
+# interleaved too, a context cast from float32's, fewer threads dropped like the rest, float32 matmuls for prefills
 CONTEXT = 64  # tokens in the KV cache while timing (a longer one costs its prefill in every dtype, bfloat16's slow)
 REPS = 2  # timed forwards per shape and candidate (the fastest is kept), after one warm-up
-SLOW = 2.0  # a candidate this many times slower than the leader at its first timing is not timed again
+FLOAT32_ROWS = 16  # prefills this long or longer may run their matmuls in float32 (see `matmul_ms`); shorter
+# forwards (verifies of a block) stay in the dtype: measured on an AVX2-only CPU, a whole 8-token bfloat16 forward costs
+# 162 ms natively and 193 ms with float32 matmuls (casting every weight outweighs 8 rows), 16 tokens 336 vs 285 ms
+MATMUL_ROWS = 64  # rows of the product that decides it: a short chat prompt
+SLOW = 1.5  # a candidate this many times slower than the leader at its first timing is not timed again (timings of
+# one forward vary by ~10% between reps on a quiet machine: only a one-off 50% slowdown could hide a winner)
 
 
 def cpu_model() -> str:
@@ -81,7 +89,11 @@ class HostSettings:
     source: "probe" (measured now), "cache" (measured on an earlier start), "user" (all fixed by the caller).
     candidates: what the probe measured, one dict per (dtype, threads): step_ms (one token), verify2_ms (two),
     verify_ms (`block` tokens), score_ms (what was minimised: `score_ms`), layout (the faster linear layout for that
-    dtype). Every dtype at the most threads; fewer threads for the dtype that led there.
+    dtype), partial (present when the candidate was dropped before every size was timed: None for those, and
+    score_ms is a lower bound). Every dtype at the most threads; fewer threads for the dtype that led there.
+    float32_from_rows: forwards of at least this many tokens (prefills) run the decoder's matmuls in float32
+    (`dflash.packed.Float32Matmul`), because `matmul_ms` (one decoder product of MATMUL_ROWS rows, as it is and in
+    float32) measured that it pays on this machine; 0: never (float32 chosen, or the dtype's products are fast).
     """
 
     dtype: str
@@ -90,6 +102,8 @@ class HostSettings:
     source: str
     block: int = 1
     probe_s: float = 0.0
+    float32_from_rows: int = 0
+    matmul_ms: dict = field(default_factory=dict)
     candidates: list[dict] = field(default_factory=list)
     machine: dict = field(default_factory=dict)
 
@@ -118,8 +132,9 @@ class HostSettings:
         """One line for a stats panel: 'float32 · 2 threads · transposed layout (exact; probed in 3.1 s)'."""
         how = {"probe": f"probed in {self.probe_s:.1f} s", "cache": "probe cached", "user": "set by the user"}
         mode = self.mode if self.exact else "fast mode: identical except at numerical ties"
-        return f"{self.dtype} · {self.threads} thread{'s' * (self.threads != 1)} · {self.layout} layout ({mode}; " \
-               f"{how.get(self.source, self.source)})"
+        prompts = " · prompts in float32 matmuls" if self.float32_from_rows else ""
+        return f"{self.dtype} · {self.threads} thread{'s' * (self.threads != 1)} · {self.layout} layout{prompts} " \
+               f"({mode}; {how.get(self.source, self.source)})"
 
 
 def machine_key() -> dict:
@@ -179,85 +194,154 @@ def score_ms(ms: dict[int, float], block: int) -> float:
     return min(ms[n] / expected_tokens([PRIOR_ALPHA] * (n - 1)) for n in {2, block})
 
 
-def _measure(target, cache, block: int, variants: dict | None = None) -> dict:
+def lower_bound(ms: dict[int, float], sizes: list[int], block: int) -> float:
+    """`score_ms` with the sizes not timed yet taken at the one-token cost (a forward of more tokens costs no less):
+    what a candidate scores at best, from its timings so far."""
+    return score_ms({n: ms.get(n, ms[1]) for n in sizes}, block)
+
+
+def _measure(variants: dict, block: int, bound: float = math.inf) -> dict:
     """The fastest of REPS timings (after one warm-up) of one cached forward of 1, 2 and `block` tokens (1 only
-    without a draft), for each of `variants` (name → a function that puts the model in that variant; None: {"":
-    the model as it is}), with its score (`score_ms`), by variant name. Interleaved, so a slow moment of a shared
-    machine hits every variant alike; the minimum, because such moments only add time. A variant SLOW times the
-    leader's score at its first timing is not timed again (it cannot win; it would only lengthen a first start)."""
-    variants = variants or {"": lambda: None}
+    without a draft) for each of `variants` (name → a function that puts that variant in place and returns its
+    (target, cache)), with its score (`score_ms`), by variant name. Interleaved, so a slow moment of a shared machine
+    hits every variant alike; the minimum, because such moments only add time.
+
+    A variant that cannot win is not timed further (it would only lengthen a first start): in its first timed rep,
+    once its `lower_bound` exceeds SLOW times the leader's score so far (or `bound`, a leader timed before), its
+    remaining sizes are skipped (their times are None, its score is that bound, `partial` says so); after that rep,
+    a variant scoring SLOW times the leader is not timed again."""
     sizes = sorted({1, 2, block}) if block > 1 else [1]
     gen = torch.Generator().manual_seed(block)
     times: dict = {(v, n): [] for v in variants for n in sizes}
-    live = dict(variants)
+    live, lead = dict(variants), bound
     for rep in range(REPS + 1):
         for i, (name, put) in enumerate(live.items()):
             if rep == 0 and i:  # rep 0 warms up thread pools and allocator once; a variant's first timing may
                 continue  # still carry its own first-call costs, which the minimum discards
-            put()
+            target, cache = put()
             for n in sizes:
                 ms = forward_ms(target, cache, n, gen)
                 if rep:
                     times[(name, n)].append(ms)
+                first = {k: times[(name, k)][0] for k in sizes if times[(name, k)]}
+                if rep == 1 and lower_bound(first, sizes, block) > SLOW * lead:
+                    break
+            if rep == 1 and len(first) == len(sizes):
+                lead = min(lead, score_ms(first, block))
         if rep == 1:
-            first = {v: score_ms({n: times[(v, n)][0] for n in sizes}, block) for v in live}
-            live = {v: put for v, put in live.items() if first[v] <= SLOW * min(first.values())}
+            live = {v: put for v, put in live.items()
+                    if all(times[(v, n)] for n in sizes) and score_ms({n: times[(v, n)][0] for n in sizes}, block) <= SLOW * lead}
+    return {name: _timing({n: min(times[(name, n)]) for n in sizes if times[(name, n)]}, sizes, block) for name in variants}
+
+
+def _timing(ms: dict[int, float], sizes: list[int], block: int) -> dict:
+    """A variant's row: its fastest time per size (None: not timed), its score (a lower bound when `partial`)."""
+    def at(n):
+        return (round(ms[n], 2) if n in ms else None) if block > 1 else 0.0  # no draft: no verify to time
+
+    row = {"step_ms": round(ms[1], 2), "verify2_ms": at(2), "verify_ms": at(block),
+           "score_ms": round(lower_bound(ms, sizes, block), 2)}
+    return {**row, "partial": True} if len(ms) < len(sizes) else row
+
+
+def _prepared(model: nn.Module, dtypes: list[str]) -> dict:
+    """dtype → (Target over `model` in that dtype, its cache holding CONTEXT tokens). float32 runs on `model`
+    itself, other dtypes on copies; the context is prefilled once in float32 and cast (a prefill in bfloat16 costs
+    several times float32's on a CPU without native bfloat16, and the timings need only a cache of that length)."""
+    from dflash.target import Target
+
+    base = Target(model, None, dtype=torch.float32)
+    cache = base.new_cache()
+    base.forward(torch.arange(CONTEXT)[None] % base.vocab_size, cache, last_only=True, capture=False)
     out = {}
-    for name in variants:
-        ms = {n: min(times[(name, n)]) for n in sizes}
-        out[name] = {"step_ms": round(ms[1], 2), "verify2_ms": round(ms.get(2, 0.0), 2),
-                     "verify_ms": round(ms[block], 2) if block > 1 else 0.0, "score_ms": round(score_ms(ms, block), 2)}
+    for dtype in dtypes:
+        target = base if dtype == "float32" else Target(copy.deepcopy(model), None, dtype=getattr(torch, dtype))
+        out[dtype] = (target, cache if dtype == "float32" else _cast_cache(target, cache))
     return out
 
 
-def _prepared(model: nn.Module, dtype: str, threads: int):
-    """A Target in `dtype` over `model` with CONTEXT tokens in its cache, timed at `threads`."""
-    from dflash.target import Target
-
-    target = Target(model, None, dtype=getattr(torch, dtype))
-    torch.set_num_threads(threads)
-    cache = target.new_cache()
-    target.forward(torch.arange(CONTEXT)[None] % target.vocab_size, cache, last_only=True, capture=False)
-    return target, cache
+def _cast_cache(target, cache):
+    """A new cache for `target` with `cache`'s keys and values in its dtype."""
+    cast = target.new_cache()
+    for i, layer in enumerate(cache.layers):
+        cast.update(layer.keys.to(target.dtype), layer.values.to(target.dtype), i)
+    return cast
 
 
-def _best_layout(target, cache, dtype: str, threads: int, block: int) -> dict:
-    """Both layouts at `threads`, interleaved; the model is left in the faster one."""
-    from dflash.packed import LayoutSwitch
-
-    switch = LayoutSwitch(target.model.model.layers)
-    by_layout = _measure(target, cache, block, {lay: (lambda lay=lay: switch.set(lay)) for lay in LAYOUTS})
-    best = min(LAYOUTS, key=lambda k: by_layout[k]["score_ms"])
-    switch.set(best)  # the other layout's copy of the weights goes with `switch`
-    other = LAYOUTS[1 - LAYOUTS.index(best)]
-    return {"dtype": dtype, "threads": threads, "layout": best, **by_layout[best],
-            "other_layout_score_ms": by_layout[other]["score_ms"]}
+def _rows(timed: dict, dtypes: list[str], threads: int) -> list[dict]:
+    """One candidate row per dtype from the (dtype, layout) timings: the faster layout, the other's score beside it."""
+    rows = []
+    for dtype in dtypes:
+        best, other = sorted(LAYOUTS, key=lambda lay: timed[(dtype, lay)]["score_ms"])
+        rows.append({"dtype": dtype, "threads": threads, "layout": best, **timed[(dtype, best)],
+                     "other_layout_score_ms": timed[(dtype, other)]["score_ms"]})
+    return rows
 
 
 def probe(model: nn.Module, block: int, dtypes: list[str], threads: list[int]) -> HostSettings:
     """Time the candidates on `model` and return the fastest; a few seconds on a 135M model.
 
-    Each dtype at the most threads in both layouts, then fewer threads for the dtype that leads there only (what
-    keeps a first start short). float32 runs on `model` itself, left in its faster layout; other dtypes on a copy
-    taken before any layout switch."""
+    Every dtype in both weight layouts at the most threads, interleaved; then fewer threads for the leader only
+    (what keeps a first start short). float32 runs on `model` itself, left in its faster layout; other dtypes on
+    copies taken before any layout switch."""
+    from dflash.packed import LayoutSwitch
+
     t0 = time.perf_counter()
     before = torch.get_num_threads()
-    most, rows, prepared = max(threads), [], {}
+    most = max(threads)
     try:
-        copies = {d: model if d == "float32" else copy.deepcopy(model) for d in dtypes}
-        for dtype in dtypes:
-            prepared[dtype] = _prepared(copies[dtype], dtype, most)
-            rows.append(_best_layout(*prepared[dtype], dtype, most, block))
+        torch.set_num_threads(most)
+        prepared = _prepared(model, dtypes)
+        switches = {d: LayoutSwitch(t.model.model.layers) for d, (t, _) in prepared.items()}
+
+        def put(dtype, layout):
+            switches[dtype].set(layout)
+            return prepared[dtype]
+
+        timed = _measure({(d, lay): partial(put, d, lay) for d in dtypes for lay in LAYOUTS}, block)
+        rows = _rows(timed, dtypes, most)
         lead = min(rows, key=lambda r: r["score_ms"])
-        target, cache = prepared[lead["dtype"]]
+        for d in dtypes:  # each copy keeps its faster layout (float32's is `model`'s); the other's weights go
+            switches[d].set(next(r["layout"] for r in rows if r["dtype"] == d))
         for n in sorted(set(threads) - {most}, reverse=True):
             torch.set_num_threads(n)
-            rows.append({"dtype": lead["dtype"], "threads": n, "layout": lead["layout"], **_measure(target, cache, block)[""]})
+            again = _measure({"": lambda: prepared[lead["dtype"]]}, block, bound=lead["score_ms"])[""]
+            rows.append({"dtype": lead["dtype"], "threads": n, "layout": lead["layout"], **again})
+        best = min(rows, key=lambda r: r["score_ms"])
+        matmul = {}
+        if best["dtype"] != "float32":
+            torch.set_num_threads(best["threads"])
+            matmul = matmul_ms(prepared[best["dtype"]][0].model.model.layers, MATMUL_ROWS)
     finally:
         torch.set_num_threads(before)
-    best = min(rows, key=lambda r: r["score_ms"])
     return HostSettings(dtype=best["dtype"], threads=best["threads"], layout=best["layout"], source="probe",
-                        block=block, probe_s=round(time.perf_counter() - t0, 2), candidates=rows, machine=machine_key())
+                        block=block, probe_s=round(time.perf_counter() - t0, 2), candidates=rows,
+                        float32_from_rows=float32_rows(matmul), matmul_ms=matmul, machine=machine_key())
+
+
+def matmul_ms(layers: nn.Module, rows: int, reps: int = 3) -> dict:
+    """ms of one product of `rows` rows through the largest linear layer under `layers` (in the model's dtype and
+    layout) as it is and as `Float32Matmul`: the fastest of `reps`, interleaved, after a warm-up of each."""
+    from dflash.packed import Float32Matmul, TransposedLinear
+
+    layer = max((m for m in layers.modules() if type(m) in (nn.Linear, TransposedLinear)),
+                key=lambda m: next(m.parameters()).numel())
+    ways = {"native": layer, "float32": Float32Matmul(layer)}
+    x = torch.randn(rows, layer.in_features, generator=torch.Generator().manual_seed(rows)).to(next(layer.parameters()).dtype)
+    best = {k: math.inf for k in ways}
+    with torch.inference_mode():
+        for rep in range(reps + 1):
+            for k, f in ways.items():
+                t = time.perf_counter()
+                f(x)
+                if rep:
+                    best[k] = min(best[k], (time.perf_counter() - t) * 1000)
+    return {"rows": rows, **{k: round(v, 3) for k, v in best.items()}}
+
+
+def float32_rows(matmul: dict) -> int:
+    """FLOAT32_ROWS when float32 products clearly beat the dtype's own (under 0.8× its time), else 0 (never)."""
+    return FLOAT32_ROWS if matmul and matmul["float32"] < 0.8 * matmul["native"] else 0
 
 
 def env_threads() -> int | None:

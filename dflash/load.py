@@ -286,4 +286,5 @@ def _cpu_target(model, tokenizer, name: str, source: str, dev: torch.device, dty
     block = draft.config.block_size if draft is not None else 1
     host = choose_settings(model, source, block, CACHE_DIR / "host-settings.json", dtype=fixed, threads=threads)
     torch.set_num_threads(host.threads)
-    return Target(model, tokenizer, name=name, device=dev, dtype=getattr(torch, host.dtype), layout=host.layout), host
+    return Target(model, tokenizer, name=name, device=dev, dtype=getattr(torch, host.dtype), layout=host.layout,
+                  float32_from_rows=host.float32_from_rows), host

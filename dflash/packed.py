@@ -9,6 +9,7 @@ Measurements in BENCHMARKS.md ("A pre-packed LM head for multi-row products"); A
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -132,3 +133,40 @@ class LayoutSwitch:
 
 def layout_of(layers: nn.Module) -> str:
     return "transposed" if any(type(m) is TransposedLinear for m in layers.modules()) else "linear"
+
+
+class Float32Matmul(nn.Module):
+    """A low-precision linear layer of the decoder (`nn.Linear` or `TransposedLinear`) computed in float32, its
+    weight cast on every call; the output is cast back, so the rest of the model runs as before.
+
+    On a CPU without native bfloat16 (AVX2, AVX-512 without AVX512_BF16) a bfloat16 product costs about the same per
+    row however many rows it has, so a prompt's prefill runs several times slower than in float32, while casting the
+    weight costs about one row's product: from a few rows on, this is faster. The weights' values are the model's
+    own (bfloat16), only the products are accumulated in float32. `dflash.host` decides per machine whether it pays.
+    """
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] → [..., out], x's dtype
+        m = self.inner
+        if type(m) is TransposedLinear:
+            y = torch.matmul(x.float(), m.weight_t.float())
+        else:
+            y = F.linear(x.float(), m.weight.float())
+        return (y if m.bias is None else y + m.bias.float()).to(x.dtype)
+
+
+@contextmanager
+def float32_matmuls(layers: nn.Module):
+    """Inside the block every linear layer under `layers` runs as `Float32Matmul`; put back on exit."""
+    slots = [(parent, name, child) for parent in layers.modules() for name, child in parent.named_children()
+             if type(child) in (nn.Linear, TransposedLinear)]
+    for parent, name, child in slots:
+        setattr(parent, name, Float32Matmul(child))
+    try:
+        yield
+    finally:
+        for parent, name, child in slots:
+            setattr(parent, name, child)

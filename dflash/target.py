@@ -5,10 +5,12 @@ turns a prompt into the target's token ids.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from torch import nn
 
-from dflash.packed import PackedLinear, layout_of, set_layout
+from dflash.packed import PackedLinear, float32_matmuls, layout_of, set_layout
 
 
 def chat_prompt_ids(tokenizer, prompt: str | list[dict]) -> list[int]:
@@ -44,10 +46,13 @@ class Target:
 
     layout: store the decoder's linear weights "linear" (as loaded) or "transposed" (`dflash.packed.set_layout`;
     plain models on the CPU only, where the host probe chose it); None leaves the model as it is.
+    float32_from_rows: forwards of at least this many tokens (a prompt's prefill) run the decoder's linear layers in
+    float32 (`dflash.packed.Float32Matmul`; a low-precision dtype on the CPU only, where the host probe measured
+    that it pays); 0: never.
     """
 
     def __init__(self, model: nn.Module, tokenizer, name: str = "", device: torch.device | None = None,
-                 dtype: torch.dtype = torch.float32, layout: str | None = None):
+                 dtype: torch.dtype = torch.float32, layout: str | None = None, float32_from_rows: int = 0):
         self.device = device or torch.device("cpu")
         self.dtype = dtype
         if getattr(model, "hf_device_map", None) or getattr(model, "hf_quantizer", None) is not None:
@@ -76,6 +81,7 @@ class Target:
                             and getattr(model, "hf_quantizer", None) is None)
         if layout is not None and self._split_head:  # CPU only: see dflash.packed.TransposedLinear
             set_layout(model.model.layers, layout)
+        self.float32_from_rows = float32_from_rows if (self._split_head and dtype != torch.float32) else 0
 
     @property
     def layout(self) -> str:
@@ -126,7 +132,9 @@ class Target:
         self._capture_on = capture
         if self._split_head:
             # Same as model(...) for these architectures, with the head through PackedLinear (see its doc).
-            hidden = self.model.model(input_ids=ids, past_key_values=cache, use_cache=True).last_hidden_state
+            many = 0 < self.float32_from_rows <= ids.shape[1]
+            with float32_matmuls(self.model.model.layers) if many else nullcontext():
+                hidden = self.model.model(input_ids=ids, past_key_values=cache, use_cache=True).last_hidden_state
             logits = self.head(hidden[0, -1:] if last_only else hidden[0])  # [T or 1, V]
         else:
             out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1 if last_only else 0)

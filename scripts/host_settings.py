@@ -21,6 +21,8 @@ OUT = ROOT / "results" / "host"
 FORWARD = ["forward", "--dtypes", "float32,bfloat16", "--tokens", "1,2,3,4,8,16", "--reps", "4", "--threads", "2", "--json"]
 AR = ["settings", "--prompts", "mt-bench", "--limit", "10", "--max-new-tokens", "64", "--json"]
 DFLASH = ["settings", "--method", "dflash", *AR[1:]]
+PREFILL = ["prefill", "--tokens", "64,256,1024", "--reps", "2", "--threads", "2", "--json"]
+PROFILES = (("forward", FORWARD), ("prefill", PREFILL), ("ar", AR), ("dflash", DFLASH))
 START, END = "<!-- host-settings:start -->", "<!-- host-settings:end -->"
 
 
@@ -43,27 +45,33 @@ def record() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     doc = {"command": "python scripts/host_settings.py record", "load_average": load_average(), **info["host"]}
     (OUT / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    for suffix, argv in (("forward", FORWARD), ("ar", AR), ("dflash", DFLASH)):
+    for suffix, argv in PROFILES:
         prof = subprocess.run([sys.executable, "-m", "dflash.bench.profile", *argv], cwd=ROOT, capture_output=True,
                               text=True, check=True)
         doc = {"command": "python -m dflash.bench.profile " + " ".join(argv), **json.loads(prof.stdout)}
         (OUT / f"{name}-{suffix}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote results/host/{name}.json, {name}-forward.json, {name}-ar.json and {name}-dflash.json")
+    print(f"wrote results/host/{name}.json and " + ", ".join(f"{name}-{suffix}.json" for suffix, _ in PROFILES))
+
+
+def _ms(value: float | None) -> str:
+    """A probe timing; "–" where the probe did not time it (dropped early, or an older probe version)."""
+    return "–" if value is None else f"{value:.0f} ms"
 
 
 def settings_rows() -> list[str]:
     rows = ["| host (CPU flags) | candidate | 1-token step | 2-token verify | verify (block) | score | chosen | probe time |",
             "|---|---|---|---|---|---|---|---|"]
     for path in sorted(OUT.glob("*.json")):
-        if path.stem.endswith(("-forward", "-ar", "-dflash")):
+        if path.stem.endswith(tuple(f"-{suffix}" for suffix, _ in PROFILES)):
             continue
         d = json.loads(path.read_text())
         host = f"{d['machine']['cpu_model']}, {d['machine']['cores']} cores ({', '.join(d['machine']['cpu_flags'])})"
         for r in d["candidates"]:
             chosen = "**chosen**" if (r["dtype"], r["threads"], r["layout"]) == (d["dtype"], d["threads"], d["layout"]) else ""
-            pair = f"{r['verify2_ms']:.0f} ms" if "verify2_ms" in r else "–"  # not measured before probe version 5
+            pair = _ms(r.get("verify2_ms"))  # not measured before probe version 5
+            score = f"≥ {r['score_ms']:.0f}" if r.get("partial") else f"{r['score_ms']:.0f}"
             rows.append(f"| {host} | {r['dtype']}, {r['threads']} thread{'s' * (r['threads'] != 1)}, {r['layout']} | "
-                        f"{r['step_ms']:.0f} ms | {pair} | {r['verify_ms']:.0f} ms ({d['block']}) | {r['score_ms']:.0f} | "
+                        f"{r['step_ms']:.0f} ms | {pair} | {_ms(r['verify_ms'])} ({d['block']}) | {score} | "
                         f"{chosen} | {d['probe_s']:.1f} s (v{d['machine']['probe_version']}) |")
             host = ""
     return rows
@@ -81,6 +89,26 @@ def forward_rows() -> list[str]:
         for (dtype, layout), ms in best.items():
             rows.append(f"| {name} | {dtype} | {layout} | " + " | ".join(f"{ms[t]:.0f}" for t in sorted(ms)) + " |")
             name = ""
+    return rows
+
+
+def prefill_rows() -> list[str]:
+    """A prompt's prefill per host in float32, bfloat16 and bfloat16 with float32 matmuls, and the probe's choice."""
+    rows = ["| host | prompt tokens | float32 | bfloat16 | bfloat16, float32 matmuls | the probe (one 64-row product) |",
+            "|---|---|---|---|---|---|"]
+    for path in sorted(OUT.glob("*-prefill.json")):
+        name = path.stem.removesuffix("-prefill")
+        probe = json.loads((OUT / f"{name}.json").read_text())
+        mm = probe.get("matmul_ms") or {}
+        choice = (f"{'float32 matmuls' if probe.get('float32_from_rows') else 'native'} (native {mm['native']:.1f} ms, "
+                  f"float32 {mm['float32']:.1f} ms)" if mm else f"not measured ({probe['dtype']} chosen)")
+        cells: dict[int, dict[tuple, float]] = {}
+        for r in json.loads(path.read_text())["result"]:
+            cells.setdefault(r["tokens"], {})[(r["dtype"], r["float32_matmuls"])] = r["median_ms"]
+        for n, c in sorted(cells.items()):
+            rows.append(f"| {name} | {n:,} | " + " | ".join(f"{c[w]:,.0f} ms" for w in (
+                ("float32", False), ("bfloat16", False), ("bfloat16", True))) + f" | {choice} |")
+            name, choice = "", ""
     return rows
 
 
@@ -156,7 +184,8 @@ def table() -> None:
         + ", ".join(f"`{c}`" for c in commands) + ", quiet machine).",
         "",
         f"What the host probe measured (ms per cached forward after a {CONTEXT}-token context, the fastest of its "
-        "timings):",
+        "timings; from probe version 6 on, a candidate dropped as soon as it could no longer win shows – for what it "
+        "did not time and ≥ its best possible score):",
         "",
         *settings_rows(),
         "",
@@ -164,8 +193,15 @@ def table() -> None:
         "",
         *forward_rows(),
         "",
+        "A prompt's prefill as the engine runs it (ms, median; `python -m dflash.bench.profile " + " ".join(PREFILL)
+        + "`), and what the probe chose for prefills from one decoder product of 64 rows timed both ways:",
+        "",
+        *prefill_rows(),
+        "",
         "`ar` (the no-draft loop) in the default settings against every fixed setting and `hf-generate`, interleaved "
-        "in one process (decode tokens/s; bfloat16 tokens may differ from the float32 default at numerical ties):",
+        "in one process (decode tokens/s; where a setting computes differently from the default — another dtype, or "
+        "from probe version 6 on a bfloat16 prefill without the default's float32 matmuls, whose cache differs in the "
+        "last bits — greedy tokens may part from the default's at a numerical tie):",
         "",
         *method_rows("ar"),
         "",

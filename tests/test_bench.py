@@ -251,6 +251,12 @@ def test_profile_tool_measures_the_tiny_target(bench_dir, capsys):
     assert {(r["rows"], r["kernel"]) for r in rows} == {(1, "mkl"), (1, "onednn-packed"), (2, "mkl"), (2, "onednn-packed"),
                                                         (2, "per-row")}
     assert all(r["n_matrices"] == 4 * 7 for r in rows)  # 4 layers × (q, k, v, o, gate, up, down)
+    assert profile_main(["prefill", "--target", str(d / "target"), "--tokens", "8,20", "--reps", "1", "--threads", "1",
+                         "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["result"]
+    assert {(r["dtype"], r["float32_matmuls"], r["tokens"]) for r in rows} == {
+        (dt, f32, n) for dt, f32 in (("float32", False), ("bfloat16", False), ("bfloat16", True)) for n in (8, 20)}
+    assert all(0 < r["min_ms"] <= r["median_ms"] for r in rows)
 
 
 def test_settings_profile_runs_every_fixed_setting_against_the_default(bench_dir, capsys):

@@ -95,3 +95,28 @@ def test_a_target_in_the_transposed_layout_keeps_greedy_dflash_lossless():
     for use_draft in (False, True):
         out = engine.generate(Request(prompt_ids=[5, 9, 2, 7], max_new_tokens=40, use_draft=use_draft)).output_ids
         assert out == ref
+
+
+@pytest.mark.parametrize("layout", ["linear", "transposed"])
+def test_float32_matmuls_compute_the_bfloat16_weights_in_float32_and_put_the_layers_back(layout):
+    from torch import nn
+
+    from dflash.packed import Float32Matmul, float32_matmuls, set_layout
+
+    torch.manual_seed(2)
+    block = nn.Sequential(nn.Linear(64, 96, bias=True), nn.ReLU(), nn.Sequential(nn.Linear(96, 64, bias=False)))
+    block = block.to(torch.bfloat16)
+    set_layout(block, layout)
+    before = [block[0], block[2][0]]
+    x = torch.randn(1, 8, 64).to(torch.bfloat16)
+    w0 = before[0].weight.float() if layout == "linear" else before[0].weight_t.float().t()
+    w1 = before[1].weight.float() if layout == "linear" else before[1].weight_t.float().t()
+    want = F.linear(F.relu(F.linear(x.float(), w0, before[0].bias.float()).to(torch.bfloat16)).float(), w1)
+    with torch.no_grad(), float32_matmuls(block):
+        assert type(block[0]) is Float32Matmul and type(block[2][0]) is Float32Matmul
+        got = block(x)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want.to(torch.bfloat16))  # float32 products, cast back
+    assert [block[0], block[2][0]] == before  # the very same modules back in place
+    with pytest.raises(RuntimeError), float32_matmuls(block):
+        raise RuntimeError("a failed forward")
+    assert [block[0], block[2][0]] == before  # … also when the forward raised

@@ -8,6 +8,8 @@ import torch
 
 from conftest import tiny_target
 
+from dflash.target import Target
+
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_target_forward_split_head_matches_model(arch):
@@ -36,3 +38,22 @@ def test_features_are_transformers_hidden_states_the_last_layer_after_the_final_
     torch.testing.assert_close(feats, torch.cat([hs[1], hs[3], hs[4]], -1))
     last = raw["l3"][0] if isinstance(raw["l3"], tuple) else raw["l3"]
     assert not torch.allclose(last, hs[4], atol=1e-3)  # the last decoder layer's own output is not what is fused
+
+
+def test_long_forwards_of_a_low_precision_target_run_their_matmuls_in_float32():
+    """float32_from_rows (set from the host probe): a forward of at least that many tokens (a prefill) runs the
+    decoder's linear layers as Float32Matmul; shorter ones (a verify) and float32 targets never do."""
+    from dflash.packed import Float32Matmul
+
+    model = tiny_target("llama", seed=0).model
+    seen = []
+    model.model.layers[0].mlp.register_forward_pre_hook(lambda m, _: seen.append(type(m.up_proj)))
+    tg = Target(model, None, dtype=torch.bfloat16, float32_from_rows=6)
+    cache = tg.new_cache()
+    long_logits, _ = tg.forward(torch.arange(6)[None] + 3, cache, last_only=True)
+    tg.forward(torch.tensor([[7, 8]]), cache)
+    assert seen == [Float32Matmul, torch.nn.Linear] and cache.get_seq_length() == 8
+    plain = Target(model, None, dtype=torch.bfloat16)
+    ref, _ = plain.forward(torch.arange(6)[None] + 3, plain.new_cache(), last_only=True)
+    assert torch.allclose(long_logits, ref, atol=0.5) and int(long_logits.argmax()) == int(ref.argmax())
+    assert Target(tiny_target("llama", seed=0).model, None, dtype=torch.float32, float32_from_rows=6).float32_from_rows == 0

@@ -72,5 +72,8 @@ def test_the_hardware_line_shows_the_host_settings_and_ends_with_the_dtype():
     line = hardware(engine)
     assert f"CPU, {torch.get_num_threads()} threads, transposed layout; 1-token step 40 ms, 8-token verify 65 ms " \
            "(probe cached)" in line and dtype_of(line) == "float32"
+    engine.host = HostSettings("bfloat16", 2, "linear", "cache", block=8, float32_from_rows=16,
+                               candidates=[{**rows[0], "dtype": "bfloat16", "layout": "linear"}])
+    assert ", linear layout, prompts in float32 matmuls; 1-token step 40 ms" in hardware(engine)
     assert dtype_of("model · CPU · bfloat16 (fast: identical except at numerical ties)") == "bfloat16"
     assert dtype_of("") == ""

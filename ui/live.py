@@ -32,7 +32,8 @@ def hardware(engine) -> str:
     else:
         where = f"CPU, {torch.get_num_threads()} threads"
         if engine.host is not None:
-            where += f", {engine.host.layout} layout; {engine.host.numbers()}"
+            prompts = ", prompts in float32 matmuls" if engine.host.float32_from_rows else ""
+            where += f", {engine.host.layout} layout{prompts}; {engine.host.numbers()}"
     dtype = str(t.dtype).removeprefix("torch.")
     mode = " (exact)" if dtype == "float32" else " (fast: identical except at numerical ties)"
     return f"{t.name or 'model'} · {where} · {dtype}{mode if t.device.type == 'cpu' else ''}"

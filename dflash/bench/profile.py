@@ -3,6 +3,10 @@
     python -m dflash.bench.profile forward [--dtypes float32,bfloat16] [--tokens 1,16] [--context 256] [--reps 10]
         cost of one cached target forward over T tokens per dtype; for T > 1 also with the LM head through plain
         MKL (`F.linear`) instead of the oneDNN pre-packed copy (dflash.packed.PackedLinear), interleaved.
+    python -m dflash.bench.profile prefill [--tokens 64,256,1024] [--reps 2]
+        a prompt's prefill as the engine runs it (chunks of dflash.engine.PREFILL_CHUNK, the last position's logits)
+        in float32, in bfloat16, and in bfloat16 with the decoder's matmuls in float32 (dflash.packed.Float32Matmul),
+        interleaved: what the host probe's float32_from_rows decides between.
     python -m dflash.bench.profile ops [--no-draft | --random-draft 2] [--max-new-tokens 32]
         torch.profiler over one generation: top operators, and decode time split into draft / verify / the rest.
     python -m dflash.bench.profile head-ab --random-draft 2 [--limit 3] [--max-new-tokens 32] [--repeats 2]
@@ -83,6 +87,39 @@ def forward_costs(args) -> list[dict]:
                          "vs_1_token": round(med / one, 2) if one else None})
         model = tg.model  # the next dtype casts the same weights
     return rows
+
+
+PREFILL_WAYS = (("float32", 0), ("bfloat16", 0), ("bfloat16", 1))  # (dtype, float32_from_rows)
+
+
+def prefill_costs(args) -> list[dict]:
+    """The engine's prefill of prompts of each length in each of PREFILL_WAYS, interleaved; reps after a warm-up."""
+    import copy
+
+    from dflash.engine import PREFILL_CHUNK
+    from dflash.load import load_target_model
+    from dflash.registry import get_preset
+    from dflash.target import Target
+
+    model, tok = load_target_model(args.target or get_preset(args.preset).target)
+    half = copy.deepcopy(model)  # both bfloat16 ways share one copy of the weights
+    targets = {(d, f): Target(model if d == "float32" else half, tok, dtype=getattr(torch, d), float32_from_rows=f)
+               for d, f in PREFILL_WAYS}
+    sizes = [int(t) for t in args.tokens.split(",")]
+    top = min(targets[PREFILL_WAYS[0]].vocab_size, 40000)
+    ids = {n: torch.randint(top // 4, top, (1, n), generator=torch.Generator().manual_seed(n)) for n in sizes}
+    times: dict[tuple, list[float]] = {(way, n): [] for way in PREFILL_WAYS for n in sizes}
+    for rep in range(args.reps + 1):  # repetition 0 is a warm-up
+        for n in sizes:
+            for way, tg in targets.items():
+                cache = tg.new_cache()
+                t0 = time.perf_counter()
+                for i in range(0, n, PREFILL_CHUNK):
+                    tg.forward(ids[n][:, i : i + PREFILL_CHUNK], cache, last_only=True, capture=False)
+                if rep:
+                    times[(way, n)].append((time.perf_counter() - t0) * 1000)
+    return [{"dtype": d, "float32_matmuls": bool(f), "tokens": n, "median_ms": round(statistics.median(v), 1),
+             "min_ms": round(min(v), 1)} for ((d, f), n), v in times.items()]
 
 
 def gemm_costs(args) -> list[dict]:
@@ -202,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--context", type=int, default=256)
     f.add_argument("--reps", type=int, default=10)
     f.add_argument("--layouts", default="linear,transposed", help="decoder weight layouts (dflash.packed.set_layout)")
+    pf = sub.add_parser("prefill")
+    pf.add_argument("--tokens", default="64,256,1024")
+    pf.add_argument("--reps", type=int, default=2)
     o = sub.add_parser("ops")
     o.add_argument("--prompt", default="Write a short story about a robot who learns to paint.")
     o.add_argument("--max-new-tokens", type=int, default=32)
@@ -216,15 +256,15 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument("--repeats", type=int, default=2)
     d = drift.add_parser(sub)
     s = settings.add_parser(sub)
-    for q in (f, o, g, h, d, s):
+    for q in (f, pf, o, g, h, d, s):
         add_model_args(q)
-        if q not in (d, s):
+        if q not in (d, s, pf):
             q.add_argument("--random-draft", type=int, metavar="LAYERS", help="a random draft sized for the target")
         q.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    modes = {"forward": forward_costs, "ops": op_profile, "gemm": gemm_costs, "head-ab": head_ab,
+    modes = {"forward": forward_costs, "prefill": prefill_costs, "ops": op_profile, "gemm": gemm_costs, "head-ab": head_ab,
              "logit-drift": drift.logit_drift, "settings": settings.profile_settings}
     try:
         result = modes[args.mode](args)
