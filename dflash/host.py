@@ -269,10 +269,11 @@ def _cast_cache(target, cache):
 
 
 def _rows(timed: dict, dtypes: list[str], threads: int) -> list[dict]:
-    """One candidate row per dtype from the (dtype, layout) timings: the faster layout, the other's score beside it."""
+    """One candidate row per dtype from the (dtype, layout) timings: the faster layout, the other's score beside it
+    (a layout timed in full before one dropped early, whose score is only a lower bound)."""
     rows = []
     for dtype in dtypes:
-        best, other = sorted(LAYOUTS, key=lambda lay: timed[(dtype, lay)]["score_ms"])
+        best, other = sorted(LAYOUTS, key=lambda lay: ("partial" in timed[(dtype, lay)], timed[(dtype, lay)]["score_ms"]))
         rows.append({"dtype": dtype, "threads": threads, "layout": best, **timed[(dtype, best)],
                      "other_layout_score_ms": timed[(dtype, other)]["score_ms"]})
     return rows

@@ -147,6 +147,8 @@ def test_the_host_settings_are_probed_once_then_read_back(models, tmp_path):
     assert by_env["dtype"] == "float32" and {r["dtype"] for r in by_env["candidates"]} == {"float32"}
     given = json.loads(generate(*run, "--dtype", "bfloat16", env={**env, "DFLASH_DTYPE": "float32"}).stdout)["settings"]
     assert given["dtype"] == "bfloat16"  # the flag wins over the environment
+    assert given["matmul_ms"]["native"] > 0 and given["float32_from_rows"] in (0, 16)  # measured for bfloat16 …
+    assert settings["matmul_ms"] == {} and settings["float32_from_rows"] == 0  # … never for float32
     bad = generate(*run, env={**env, "DFLASH_DTYPE": "fp8"})
     assert bad.returncode == 2 and "DFLASH_DTYPE: must be float32, bfloat16 or auto" in bad.stderr
     assert "Traceback" not in bad.stderr

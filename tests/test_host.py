@@ -197,3 +197,10 @@ def test_prefills_run_in_float32_matmuls_where_the_probe_measured_that_it_pays(t
     assert again.source == "cache" and (again.float32_from_rows, again.matmul_ms) == (s.float32_from_rows, s.matmul_ms)
     s32 = host.choose(model, "tiny", 4, tmp_path / "settings.json", dtype="float32")
     assert s32.matmul_ms == {} and s32.float32_from_rows == 0
+
+
+def test_a_dtypes_row_takes_the_layout_timed_in_full_over_one_dropped_early():
+    full = {"step_ms": 60.0, "verify2_ms": 90.0, "verify_ms": 150.0, "score_ms": 75.4}
+    dropped = {"step_ms": 150.0, "verify2_ms": None, "verify_ms": None, "score_ms": 75.2, "partial": True}  # ≥ 75.2
+    rows = host._rows({("float32", "linear"): full, ("float32", "transposed"): dropped}, ["float32"], 2)
+    assert rows == [{"dtype": "float32", "threads": 2, "layout": "linear", **full, "other_layout_score_ms": 75.2}]
