@@ -39,8 +39,9 @@ FLOAT32_ROWS = 16  # prefills this long or longer may run their matmuls in float
 # forwards (verifies of a block) stay in the dtype: measured on an AVX2-only CPU, a whole 8-token bfloat16 forward costs
 # 162 ms natively and 193 ms with float32 matmuls (casting every weight outweighs 8 rows), 16 tokens 336 vs 285 ms
 MATMUL_ROWS = 64  # rows of the product that decides it: a short chat prompt
-SLOW = 1.5  # a candidate this many times slower than the leader at its first timing is not timed again (timings of
-# one forward vary by ~10% between reps on a quiet machine: only a one-off 50% slowdown could hide a winner)
+SLOW = 1.5  # a candidate this many times slower than the leader at its first timing is not timed again (the same
+# candidate's fastest time varied by up to 1.3x between five probes of one AVX2-only VM in an hour, so a close call is
+# still timed in full)
 
 
 def cpu_model() -> str:
