@@ -214,7 +214,7 @@ def _measure(variants: dict, block: int, bound: float = math.inf) -> dict:
     sizes = sorted({1, 2, block}) if block > 1 else [1]
     gen = torch.Generator().manual_seed(block)
     times: dict = {(v, n): [] for v in variants for n in sizes}
-    live, lead = dict(variants), bound
+    live, lead, first_score = dict(variants), bound, {}
     for rep in range(REPS + 1):
         for i, (name, put) in enumerate(live.items()):
             if rep == 0 and i:  # rep 0 warms up thread pools and allocator once; a variant's first timing may
@@ -228,10 +228,10 @@ def _measure(variants: dict, block: int, bound: float = math.inf) -> dict:
                 if rep == 1 and lower_bound(first, sizes, block) > SLOW * lead:
                     break
             if rep == 1 and len(first) == len(sizes):
-                lead = min(lead, score_ms(first, block))
+                first_score[name] = score_ms(first, block)
+                lead = min(lead, first_score[name])
         if rep == 1:
-            live = {v: put for v, put in live.items()
-                    if all(times[(v, n)] for n in sizes) and score_ms({n: times[(v, n)][0] for n in sizes}, block) <= SLOW * lead}
+            live = {v: put for v, put in live.items() if first_score.get(v, math.inf) <= SLOW * lead}
     return {name: _timing({n: min(times[(name, n)]) for n in sizes if times[(name, n)]}, sizes, block) for name in variants}
 
 

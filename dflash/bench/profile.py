@@ -96,26 +96,24 @@ def prefill_costs(args) -> list[dict]:
     """The engine's prefill of prompts of each length in each of PREFILL_WAYS, interleaved; reps after a warm-up."""
     import copy
 
-    from dflash.engine import PREFILL_CHUNK
+    from dflash.engine import Engine
     from dflash.load import load_target_model
     from dflash.registry import get_preset
     from dflash.target import Target
 
     model, tok = load_target_model(args.target or get_preset(args.preset).target)
     half = copy.deepcopy(model)  # both bfloat16 ways share one copy of the weights
-    targets = {(d, f): Target(model if d == "float32" else half, tok, dtype=getattr(torch, d), float32_from_rows=f)
+    engines = {(d, f): Engine(Target(model if d == "float32" else half, tok, dtype=getattr(torch, d), float32_from_rows=f))
                for d, f in PREFILL_WAYS}
     sizes = [int(t) for t in args.tokens.split(",")]
-    top = min(targets[PREFILL_WAYS[0]].vocab_size, 40000)
-    ids = {n: torch.randint(top // 4, top, (1, n), generator=torch.Generator().manual_seed(n)) for n in sizes}
+    top = min(engines[PREFILL_WAYS[0]].target.vocab_size, 40000)
+    ids = {n: torch.randint(top // 4, top, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in sizes}
     times: dict[tuple, list[float]] = {(way, n): [] for way in PREFILL_WAYS for n in sizes}
     for rep in range(args.reps + 1):  # repetition 0 is a warm-up
         for n in sizes:
-            for way, tg in targets.items():
-                cache = tg.new_cache()
+            for way, engine in engines.items():
                 t0 = time.perf_counter()
-                for i in range(0, n, PREFILL_CHUNK):
-                    tg.forward(ids[n][:, i : i + PREFILL_CHUNK], cache, last_only=True, capture=False)
+                engine._prefill(ids[n], engine.target.new_cache(), False, lambda: None)  # the engine's own chunked prefill
                 if rep:
                     times[(way, n)].append((time.perf_counter() - t0) * 1000)
     return [{"dtype": d, "float32_matmuls": bool(f), "tokens": n, "median_ms": round(statistics.median(v), 1),
