@@ -2,7 +2,7 @@
 decoder's linear weights.
 
 Machines of the same kind differ (AVX2 only; AVX-512; AVX-512 with native bfloat16), and the fastest settings
-on one are slow on another, so nothing here is decided from a table: `probe` times the target's one-token step
+on one are slow on another, so nothing here is decided from a table: `dflash.probe` times the target's one-token step
 and a verify of the draft's block size for each candidate and keeps the fastest. The result is cached per machine
 (CPU model and flags, usable cores, torch version) and per model, so a restart reads it back in milliseconds.
 
@@ -13,35 +13,17 @@ at numerical ties (the multi-token verify rounds differently from the one-token 
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
-import math
 import os
 import platform
-import time
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from dflash.adaptive import PRIOR_ALPHA, expected_tokens
-from dflash.packed import LAYOUTS
-
-PROBE_VERSION = 6  # 2: fewer threads for the leading dtype only; 3: layouts interleaved, fastest rep; 4: 64-token context;
-# 5: scored by expected ms per token (pair or block verify), slow candidates dropped after one timing; 6: dtypes
-# interleaved too, a context cast from float32's, fewer threads dropped like the rest, float32 matmuls for prefills
-CONTEXT = 64  # tokens in the KV cache while timing (a longer one costs its prefill in every dtype, bfloat16's slow)
-REPS = 2  # timed forwards per shape and candidate (the fastest is kept), after one warm-up
-FLOAT32_ROWS = 16  # prefills this long or longer may run their matmuls in float32 (see `matmul_ms`); shorter
-# forwards (verifies of a block) stay in the dtype: measured on an AVX2-only CPU, a whole 8-token bfloat16 forward costs
-# 162 ms natively and 193 ms with float32 matmuls (casting every weight outweighs 8 rows), 16 tokens 336 vs 285 ms
-MATMUL_ROWS = 64  # rows of the product that decides it: a short chat prompt
-SLOW = 1.5  # a candidate this many times slower than the leader at its first timing is not timed again (the same
-# candidate's fastest time varied by up to 1.3x between five probes of one AVX2-only VM in an hour, so a close call is
-# still timed in full)
+from dflash.probe import PROBE_VERSION, probe
 
 
 def cpu_model() -> str:
@@ -173,179 +155,6 @@ def write_cached(path: Path, key: str, settings: HostSettings) -> None:
         pass
 
 
-# -- the probe ----------------------------------------------------------------------------------------------
-def forward_ms(target, cache, n_tokens: int, gen: torch.Generator) -> float:
-    """ms of one cached forward of `n_tokens` after the CONTEXT tokens in `cache` (cropped back afterwards)."""
-    ids = torch.randint(0, target.vocab_size, (1, n_tokens), generator=gen)
-    t0 = time.perf_counter()
-    target.forward(ids, cache, capture=False)
-    ms = (time.perf_counter() - t0) * 1000
-    target.crop(cache, CONTEXT)
-    return ms
-
-
-def score_ms(ms: dict[int, float], block: int) -> float:
-    """Expected ms per committed token, from forward times by token count (`ms`: 1, 2 and `block`). A no-draft
-    engine takes one-token steps. A draft engine verifies blocks, and on a CPU its cost policy settles between a
-    pair (the last token + one draft) and the full block, so the better of the two at the policy's prior acceptance
-    scores it: a setting with a cheap pair and a slow long verify (bfloat16 on some CPUs) is worth what the policy
-    makes of it. The draft's own pass is left out, small beside a verify (a few % of a block on the default models)."""
-    if block == 1:
-        return ms[1]
-    return min(ms[n] / expected_tokens([PRIOR_ALPHA] * (n - 1)) for n in {2, block})
-
-
-def lower_bound(ms: dict[int, float], sizes: list[int], block: int) -> float:
-    """`score_ms` with the sizes not timed yet taken at the one-token cost (a forward of more tokens costs no less):
-    what a candidate scores at best, from its timings so far."""
-    return score_ms({n: ms.get(n, ms[1]) for n in sizes}, block)
-
-
-def _measure(variants: dict, block: int, bound: float = math.inf) -> dict:
-    """The fastest of REPS timings (after one warm-up) of one cached forward of 1, 2 and `block` tokens (1 only
-    without a draft) for each of `variants` (name → a function that puts that variant in place and returns its
-    (target, cache)), with its score (`score_ms`), by variant name. Interleaved, so a slow moment of a shared machine
-    hits every variant alike; the minimum, because such moments only add time.
-
-    A variant that cannot win is not timed further (it would only lengthen a first start): in its first timed rep,
-    once its `lower_bound` exceeds SLOW times the leader's score so far (or `bound`, a leader timed before), its
-    remaining sizes are skipped (their times are None, its score is that bound, `partial` says so); after that rep,
-    a variant scoring SLOW times the leader is not timed again."""
-    sizes = sorted({1, 2, block}) if block > 1 else [1]
-    gen = torch.Generator().manual_seed(block)
-    times: dict = {(v, n): [] for v in variants for n in sizes}
-    live, lead, first_score = dict(variants), bound, {}
-    for rep in range(REPS + 1):
-        for i, (name, put) in enumerate(live.items()):
-            if rep == 0 and i:  # rep 0 warms up thread pools and allocator once; a variant's first timing may
-                continue  # still carry its own first-call costs, which the minimum discards
-            target, cache = put()
-            for n in sizes:
-                ms = forward_ms(target, cache, n, gen)
-                if rep:
-                    times[(name, n)].append(ms)
-                first = {k: times[(name, k)][0] for k in sizes if times[(name, k)]}
-                if rep == 1 and lower_bound(first, sizes, block) > SLOW * lead:
-                    break
-            if rep == 1 and len(first) == len(sizes):
-                first_score[name] = score_ms(first, block)
-                lead = min(lead, first_score[name])
-        if rep == 1:
-            live = {v: put for v, put in live.items() if first_score.get(v, math.inf) <= SLOW * lead}
-    return {name: _timing({n: min(times[(name, n)]) for n in sizes if times[(name, n)]}, sizes, block) for name in variants}
-
-
-def _timing(ms: dict[int, float], sizes: list[int], block: int) -> dict:
-    """A variant's row: its fastest time per size (None: not timed), its score (a lower bound when `partial`)."""
-    def at(n):
-        return (round(ms[n], 2) if n in ms else None) if block > 1 else 0.0  # no draft: no verify to time
-
-    row = {"step_ms": round(ms[1], 2), "verify2_ms": at(2), "verify_ms": at(block),
-           "score_ms": round(lower_bound(ms, sizes, block), 2)}
-    return {**row, "partial": True} if len(ms) < len(sizes) else row
-
-
-def _prepared(model: nn.Module, dtypes: list[str]) -> dict:
-    """dtype → (Target over `model` in that dtype, its cache holding CONTEXT tokens). float32 runs on `model`
-    itself, other dtypes on copies; the context is prefilled once in float32 and cast (a prefill in bfloat16 costs
-    several times float32's on a CPU without native bfloat16, and the timings need only a cache of that length)."""
-    from dflash.target import Target
-
-    base = Target(model, None, dtype=torch.float32)
-    cache = base.new_cache()
-    base.forward(torch.arange(CONTEXT)[None] % base.vocab_size, cache, last_only=True, capture=False)
-    out = {}
-    for dtype in dtypes:
-        target = base if dtype == "float32" else Target(copy.deepcopy(model), None, dtype=getattr(torch, dtype))
-        out[dtype] = (target, cache if dtype == "float32" else _cast_cache(target, cache))
-    return out
-
-
-def _cast_cache(target, cache):
-    """A new cache for `target` with `cache`'s keys and values in its dtype."""
-    cast = target.new_cache()
-    for i, layer in enumerate(cache.layers):
-        cast.update(layer.keys.to(target.dtype), layer.values.to(target.dtype), i)
-    return cast
-
-
-def _rows(timed: dict, dtypes: list[str], threads: int) -> list[dict]:
-    """One candidate row per dtype from the (dtype, layout) timings: the faster layout, the other's score beside it
-    (a layout timed in full before one dropped early, whose score is only a lower bound)."""
-    rows = []
-    for dtype in dtypes:
-        best, other = sorted(LAYOUTS, key=lambda lay: ("partial" in timed[(dtype, lay)], timed[(dtype, lay)]["score_ms"]))
-        rows.append({"dtype": dtype, "threads": threads, "layout": best, **timed[(dtype, best)],
-                     "other_layout_score_ms": timed[(dtype, other)]["score_ms"]})
-    return rows
-
-
-def probe(model: nn.Module, block: int, dtypes: list[str], threads: list[int]) -> HostSettings:
-    """Time the candidates on `model` and return the fastest; a few seconds on a 135M model.
-
-    Every dtype in both weight layouts at the most threads, interleaved; then fewer threads for the leader only
-    (what keeps a first start short). float32 runs on `model` itself, left in its faster layout; other dtypes on
-    copies taken before any layout switch."""
-    from dflash.packed import LayoutSwitch
-
-    t0 = time.perf_counter()
-    before = torch.get_num_threads()
-    most = max(threads)
-    try:
-        torch.set_num_threads(most)
-        prepared = _prepared(model, dtypes)
-        switches = {d: LayoutSwitch(t.model.model.layers) for d, (t, _) in prepared.items()}
-
-        def put(dtype, layout):
-            switches[dtype].set(layout)
-            return prepared[dtype]
-
-        timed = _measure({(d, lay): partial(put, d, lay) for d in dtypes for lay in LAYOUTS}, block)
-        rows = _rows(timed, dtypes, most)
-        lead = min(rows, key=lambda r: r["score_ms"])
-        for d in dtypes:  # each copy keeps its faster layout (float32's is `model`'s); the other's weights go
-            switches[d].set(next(r["layout"] for r in rows if r["dtype"] == d))
-        for n in sorted(set(threads) - {most}, reverse=True):
-            torch.set_num_threads(n)
-            again = _measure({"": lambda: prepared[lead["dtype"]]}, block, bound=lead["score_ms"])[""]
-            rows.append({"dtype": lead["dtype"], "threads": n, "layout": lead["layout"], **again})
-        best = min(rows, key=lambda r: r["score_ms"])
-        matmul = {}
-        if best["dtype"] != "float32":
-            torch.set_num_threads(best["threads"])
-            matmul = matmul_ms(prepared[best["dtype"]][0].model.model.layers, MATMUL_ROWS)
-    finally:
-        torch.set_num_threads(before)
-    return HostSettings(dtype=best["dtype"], threads=best["threads"], layout=best["layout"], source="probe",
-                        block=block, probe_s=round(time.perf_counter() - t0, 2), candidates=rows,
-                        float32_from_rows=float32_rows(matmul), matmul_ms=matmul, machine=machine_key())
-
-
-def matmul_ms(layers: nn.Module, rows: int, reps: int = 3) -> dict:
-    """ms of one product of `rows` rows through the largest linear layer under `layers` (in the model's dtype and
-    layout) as it is and as `Float32Matmul`: the fastest of `reps`, interleaved, after a warm-up of each."""
-    from dflash.packed import Float32Matmul, TransposedLinear
-
-    layer = max((m for m in layers.modules() if type(m) in (nn.Linear, TransposedLinear)),
-                key=lambda m: next(m.parameters()).numel())
-    ways = {"native": layer, "float32": Float32Matmul(layer)}
-    x = torch.randn(rows, layer.in_features, generator=torch.Generator().manual_seed(rows)).to(next(layer.parameters()).dtype)
-    best = {k: math.inf for k in ways}
-    with torch.inference_mode():
-        for rep in range(reps + 1):
-            for k, f in ways.items():
-                t = time.perf_counter()
-                f(x)
-                if rep:
-                    best[k] = min(best[k], (time.perf_counter() - t) * 1000)
-    return {"rows": rows, **{k: round(v, 3) for k, v in best.items()}}
-
-
-def float32_rows(matmul: dict) -> int:
-    """FLOAT32_ROWS when float32 products clearly beat the dtype's own (under 0.8× its time), else 0 (never)."""
-    return FLOAT32_ROWS if matmul and matmul["float32"] < 0.8 * matmul["native"] else 0
-
-
 def env_threads() -> int | None:
     """DFLASH_THREADS, when set: the thread count the operator fixed."""
     raw = os.environ.get("DFLASH_THREADS", "").strip()
@@ -400,6 +209,6 @@ def choose(model: nn.Module, model_id: str, block: int, cache_file: Path, dtype:
     found = read_cached(cache_file, key) if mode == "1" else None
     if found is not None:
         return found
-    settings = probe(model, block, dtypes, counts)
+    settings = HostSettings(**probe(model, block, dtypes, counts), source="probe", block=block, machine=machine_key())
     write_cached(cache_file, key, settings)
     return settings

@@ -142,7 +142,7 @@ class Float32Matmul(nn.Module):
     On a CPU without native bfloat16 (AVX2, AVX-512 without AVX512_BF16) a bfloat16 product costs about the same per
     row however many rows it has, so a prompt's prefill runs several times slower than in float32, while casting the
     weight is a fixed cost per call (it reads and writes every weight once): over a whole forward it pays from about
-    16 rows on (dflash.host.FLOAT32_ROWS). The weights' values are the model's own (bfloat16), only the products are
+    16 rows on (dflash.probe.FLOAT32_ROWS). The weights' values are the model's own (bfloat16), only the products are
     accumulated in float32. `dflash.host` decides per machine whether it pays.
     """
 

@@ -175,7 +175,7 @@ def dflash_verdicts() -> list[str]:
 
 def table() -> None:
     sys.path.insert(0, str(ROOT))
-    from dflash.host import CONTEXT
+    from dflash.probe import CONTEXT
 
     commands = sorted({json.loads(p.read_text())["command"] for p in OUT.glob("*.json")})
     body = "\n".join([

@@ -19,7 +19,7 @@ from dflash.draft import save_draft
 from dflash.engine import Engine
 from dflash.errors import ValidationError
 from dflash.request import Request
-from dflash.stats import compute_stats, speedup
+from dflash.stats import compute_stats, output_gaps, speedup
 
 torch.set_num_threads(1)  # shared 2-core machine: OpenMP spin-waiting makes 2 threads far slower for tiny models
 
@@ -396,9 +396,12 @@ def test_hf_generate_matches_engine_and_times_are_consistent():
     target.model.generation_config.eos_token_id = eos
     ref = Engine(target).generate(Request(prompt_ids=tuple(prompt), max_new_tokens=N_NEW, use_draft=False))
     assert ref.finish_reason == "eos" and ref.output_ids[-1] == eos
+    ref_gaps = output_gaps(ref.events)
     for lookup in (None, 3):
         out = hf_generate(target, prompt, N_NEW, target.stop_ids(), prompt_lookup_num_tokens=lookup)
         assert out.output_ids == ref.output_ids and out.finish_reason == "eos"
+        assert len(out.target_gaps) == len(ref_gaps)  # one gap per output token, as the engine records them
+        assert out.target_gaps == pytest.approx(ref_gaps, abs=1e-4)  # so a difference can be diagnosed as a tie
         assert 0 < out.ttft_ms <= out.total_ms and out.decode_ms == pytest.approx(out.total_ms - out.ttft_ms)
         assert 0 <= out.decode_tokens < len(out.output_ids)
     long = hf_generate(target, prompt, 4, set())  # no stop ids: runs to the length limit
@@ -410,6 +413,7 @@ def test_hf_generate_sampling_is_seeded():
     a = hf_generate(target, [1, 2, 3], 8, set(), temperature=1.0, top_k=20, top_p=0.9, seed=7)
     b = hf_generate(target, [1, 2, 3], 8, set(), temperature=1.0, top_k=20, top_p=0.9, seed=7)
     assert a.output_ids == b.output_ids and len(a.output_ids) == 8
+    assert a.target_gaps is None  # a sampled token has no tie to diagnose
 
 
 # -- summaries on synthetic records ---------------------------------------------------------------------------

@@ -5,6 +5,8 @@ No decoding loop is written here: we call `model.generate` and only time it. A s
 leave generate: its first `put` is the prompt (before the prefill), the second carries the first new token(s)
 (after the prefill; with prompt lookup the prefill is merged with the first verification, so it may carry
 several tokens), the last one the final tokens. That gives the same TTFT / decode split as the engine's events.
+Greedy runs also return the target's top-2 logit gap per output token (from generate's own logits, `output_logits`),
+so a difference from the engine's output is diagnosed as a numerical tie or an error like the engine's methods.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dflash.target import Target
+from dflash.verify import top2_gap
 
 
 @dataclass
@@ -29,7 +32,7 @@ class TimedOutput:
     decode_tokens: int  # tokens produced inside the decode window (after the first chunk)
     stats: dict = field(default_factory=dict)  # engine methods: dflash.stats.compute_stats; baselines: {}
     message: str = ""
-    target_gaps: list[float] | None = None  # engine methods, greedy: dflash.stats.output_gaps; baselines: None
+    target_gaps: list[float] | None = None  # greedy: the target's top-2 gap per output token; sampled: None
 
 
 class _Clock:
@@ -61,8 +64,8 @@ def hf_generate(target: Target, prompt_ids: list[int], max_new_tokens: int, stop
                         repetition_penalty=1.0, use_cache=True)
     if temperature > 0.0:
         kwargs.update(temperature=temperature, top_k=top_k if top_k > 0 else None, top_p=top_p)
-    else:  # unset the sampling knobs so transformers does not warn that they are ignored
-        kwargs.update(temperature=None, top_k=None, top_p=None)
+    else:  # unset the sampling knobs so transformers does not warn that they are ignored; keep the raw logits
+        kwargs.update(temperature=None, top_k=None, top_p=None, output_logits=True, return_dict_in_generate=True)
     if prompt_lookup_num_tokens:
         kwargs.update(prompt_lookup_num_tokens=prompt_lookup_num_tokens, max_matching_ngram_size=max_matching_ngram_size)
     ids = torch.tensor([prompt_ids], device=target.device)
@@ -73,12 +76,16 @@ def hf_generate(target: Target, prompt_ids: list[int], max_new_tokens: int, stop
     with torch.inference_mode():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), streamer=clock, **kwargs)
     t_end = time.perf_counter()
+    gaps = None
+    if temperature == 0.0:  # one [1, V] logits row per new token, as generate chose it
+        gaps, out = top2_gap(torch.cat(out.logits)) if out.logits else [], out.sequences
     new = out[0, len(prompt_ids):].tolist()
     # Batch size 1: generate pads nothing after EOS, but keep the contract explicit (EOS kept, nothing after it).
     cut = next((i for i, t in enumerate(new) if t in set(stops)), None)
     reason = "length"
     if cut is not None:
         new, reason = new[: cut + 1], "eos"
+    gaps = gaps[: len(new)] if gaps is not None else None
     puts = clock.times[1:]  # [0] is the prompt
     counts = clock.counts[1:]
     if not puts:
@@ -86,4 +93,4 @@ def hf_generate(target: Target, prompt_ids: list[int], max_new_tokens: int, stop
     ttft = (puts[0] - t0) * 1000
     last = puts[-1]
     return TimedOutput(new, reason, ttft, (last - puts[0]) * 1000, (last - t0) * 1000,
-                       max(len(new) - counts[0], 0))
+                       max(len(new) - counts[0], 0), target_gaps=gaps)

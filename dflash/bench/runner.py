@@ -140,9 +140,9 @@ def run_record(out: TimedOutput, repeat: int, mem: RssSampler, load1: float | No
 def compare(reference: list[int], output: list[int], finish_reason: str = "", ref_gaps: list[float] | None = None,
             run_gaps: list[float] | None = None, dtype: str = "float32") -> dict:
     """Greedy identity against the reference (`ar`) output, and the diagnosis of a difference: numerical tie or
-    error (`stats.diagnose_difference`, from both runs' top-2 gaps; transformers' methods record none, so their
-    differences count as errors). A run cut short by the deadline is compared on what it produced. EOS is part
-    of both outputs (both stop on the same stop ids)."""
+    error (`stats.diagnose_difference`, from both runs' top-2 gaps; transformers' methods take theirs from
+    generate's own logits). A run cut short by the deadline is compared on what it produced. EOS is part of both
+    outputs (both stop on the same stop ids)."""
     diag = diagnose_difference(reference, ref_gaps, output, run_gaps, dtype,
                                cut_short=finish_reason in ("timeout", "cancelled"))
     return {"identical": diag is None, "first_diff": diag["position"] if diag else None,

@@ -1,0 +1,94 @@
+"""dflash.probe: how the host probe times candidates on a real (tiny) model, scores them and drops the ones that
+cannot win; dflash.host (tests/test_host.py) caches what it finds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_target
+
+from dflash import probe
+
+
+def test_the_score_is_expected_ms_per_token_at_the_cheaper_of_a_pair_and_the_block():
+    # Forward costs by token count measured on two hosts (AVX2-only AMD EPYC; Intel with AVX-512, no BF16).
+    amd = {"float32": {1: 54, 2: 68, 8: 95}, "bfloat16": {1: 36, 2: 47, 8: 141}}
+    intel = {"float32": {1: 73, 2: 79, 8: 92}, "bfloat16": {1: 58, 2: 86, 8: 156}}
+    assert probe.score_ms(amd["bfloat16"], 8) == pytest.approx(47 / 1.5)  # a pair commits 1 + 0.5 tokens
+    assert probe.score_ms(intel["float32"], 8) == pytest.approx(92 / (2 - 0.5 ** 7))  # a block of 8: 1 + … + 0.5^7
+    assert probe.score_ms(amd["float32"], 1) == 54  # no draft: the one-token step
+    best = {name: min(costs, key=lambda d: probe.score_ms(costs[d], 8)) for name, costs in (("amd", amd), ("intel", intel))}
+    assert best == {"amd": "bfloat16", "intel": "float32"}  # what each host's DFlash runs were fastest in
+
+
+def _variants(monkeypatch, scale: dict[str, float]):
+    """Variants of one real tiny target whose forward times are scaled by `scale[name]` (what a bad layout or dtype
+    costs on some CPUs), so that the schedule, not the machine, decides; and the (variant, tokens) timed, in order."""
+    target = tiny_target("llama", seed=0)
+    cache = target.new_cache()
+    target.forward(torch.arange(probe.CONTEXT)[None] % target.vocab_size, cache, last_only=True, capture=False)
+    state, timed = {"variant": None}, []
+    real = probe.forward_ms
+
+    def fake(target, cache, n, gen):
+        timed.append((state["variant"], n))
+        return real(target, cache, n, gen) * scale[state["variant"]]
+
+    monkeypatch.setattr(probe, "forward_ms", fake)
+
+    def put(name):
+        def go():
+            state["variant"] = name
+            return target, cache
+        return go
+
+    return {name: put(name) for name in scale}, timed
+
+
+def test_a_candidate_that_cannot_win_is_dropped_at_its_first_timing(monkeypatch):
+    variants, timed = _variants(monkeypatch, {"fast": 1.0, "slow": 50.0, "close": 1.1})
+    out = probe._measure(variants, 4)
+    runs = {v: [n for name, n in timed if name == v] for v in variants}
+    assert runs["fast"] == [1] + [1, 2, 4] * probe.REPS  # a one-token warm-up, then every timed rep
+    assert runs["close"] == [1, 2, 4] * probe.REPS  # could win: timed in full, every rep
+    assert runs["slow"] == [1]  # its one-token step alone already scores 50x: nothing more is timed
+    assert out["slow"]["partial"] and out["slow"]["verify2_ms"] is None and out["slow"]["verify_ms"] is None
+    assert out["slow"]["score_ms"] > probe.SLOW * out["fast"]["score_ms"]  # a lower bound, still far behind
+    assert "partial" not in out["fast"] and out["fast"]["verify2_ms"] > 0
+
+
+def test_a_leader_timed_before_bounds_a_later_candidate(monkeypatch):
+    variants, timed = _variants(monkeypatch, {"one thread": 50.0})
+    out = probe._measure(variants, 4, bound=1e-3)  # a leader scoring 1 µs: nothing real comes close
+    assert [n for _, n in timed] == [1, 1] and out["one thread"]["partial"]  # warm-up, then one step
+    variants, timed = _variants(monkeypatch, {"one thread": 1.0})
+    assert "partial" not in probe._measure(variants, 4, bound=1e9)["one thread"] and len(timed) == 1 + 3 * probe.REPS
+
+
+def test_other_dtypes_time_on_a_context_cast_from_float32():
+    model = tiny_target("llama", seed=0).model
+    prepared = probe._prepared(model, ["float32", "bfloat16"])
+    (t32, c32), (t16, c16) = prepared["float32"], prepared["bfloat16"]
+    assert t32.model is model and t16.model is not model and next(t16.model.parameters()).dtype == torch.bfloat16
+    assert c32.get_seq_length() == c16.get_seq_length() == probe.CONTEXT
+    assert all(layer.keys.dtype == torch.bfloat16 for layer in c16.layers)
+    torch.testing.assert_close(c16.layers[0].keys.float(), c32.layers[0].keys, rtol=1e-2, atol=1e-2)
+    logits, _ = t16.forward(torch.tensor([[1, 2]]), c16, capture=False)  # the cast cache serves its target
+    assert logits.shape[0] == 2 and c16.get_seq_length() == probe.CONTEXT + 2
+
+
+def test_the_low_precision_copy_is_cast_while_copying_and_keeps_tied_weights():
+    model = tiny_target("llama", seed=0).model  # ties the LM head to the embeddings
+    copied = probe._copy_in(model, torch.bfloat16)
+    assert copied.lm_head.weight is copied.get_input_embeddings().weight  # tied as in the original
+    for (name, p), q in zip(model.named_parameters(), copied.parameters(), strict=True):
+        assert q.dtype == torch.bfloat16 and torch.equal(q, p.to(torch.bfloat16)), name
+        assert q.data_ptr() != p.data_ptr()
+    assert next(model.parameters()).dtype == torch.float32  # the original is untouched
+
+
+def test_a_dtypes_row_takes_the_layout_timed_in_full_over_one_dropped_early():
+    full = {"step_ms": 60.0, "verify2_ms": 90.0, "verify_ms": 150.0, "score_ms": 75.4}
+    dropped = {"step_ms": 150.0, "verify2_ms": None, "verify_ms": None, "score_ms": 75.2, "partial": True}  # ≥ 75.2
+    rows = probe._rows({("float32", "linear"): full, ("float32", "transposed"): dropped}, ["float32"], 2)
+    assert rows == [{"dtype": "float32", "threads": 2, "layout": "linear", **full, "other_layout_score_ms": 75.2}]
