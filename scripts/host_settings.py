@@ -1,8 +1,10 @@
 """The CPU settings the host probe chooses, recorded per machine and tabled in BENCHMARKS.md.
 
     python scripts/host_settings.py record   # a fresh probe of the default models on this machine (quiet machine!),
-                                             # the forward-cost profile, `ar` and `dflash` in every setting against the
-                                             # default: results/host/<cpu>.json, <cpu>-{forward,ar,dflash}.json
+                                             # the forward-cost and prefill profiles, `ar` and `dflash` in every setting
+                                             # against the default: results/host/<cpu>.json,
+                                             # <cpu>-{forward,prefill,ar,dflash}.json
+    python scripts/host_settings.py record --only probe,prefill   # re-record only those (a new probe version)
     python scripts/host_settings.py table    # splice the "CPU settings per host" section of BENCHMARKS.md from them
 """
 
@@ -30,27 +32,58 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60]
 
 
-def record() -> None:
-    sys.path.insert(0, str(ROOT))
-    with tempfile.TemporaryDirectory() as cache:  # a fresh probe, not this machine's cached choice
-        os.environ["DFLASH_CACHE"] = cache
-        from dflash.bench.machine import load_average
-        from dflash.host import cpu_flags, cpu_model
-        from dflash.load import load_engine
+PARTS = ("probe", *(suffix for suffix, _ in PROFILES))
 
-        _, info = load_engine()
+
+def record(only: tuple[str, ...] = PARTS) -> None:
+    sys.path.insert(0, str(ROOT))
+    from dflash.host import cpu_flags, cpu_model
+
     # One CPU model name comes with different SIMD sets (AMD EPYC: AVX2 only, or AVX-512 with BF16): name by both.
     simd = next((f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2", "asimd") if f in cpu_flags()), "scalar")
     name = slug(f"{cpu_model()} {simd}")
     OUT.mkdir(parents=True, exist_ok=True)
-    doc = {"command": "python scripts/host_settings.py record", "load_average": load_average(), **info["host"]}
-    (OUT / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    written = []
+    if "probe" in only:
+        with tempfile.TemporaryDirectory() as cache:  # a fresh probe, not this machine's cached choice
+            os.environ["DFLASH_CACHE"] = cache
+            from dflash.bench.machine import load_average
+            from dflash.load import load_engine
+
+            _, info = load_engine()
+        doc = {"command": "python scripts/host_settings.py record", "load_average": load_average(), **info["host"]}
+        (OUT / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+        written.append(f"{name}.json")
     for suffix, argv in PROFILES:
+        if suffix not in only:
+            continue
         prof = subprocess.run([sys.executable, "-m", "dflash.bench.profile", *argv], cwd=ROOT, capture_output=True,
                               text=True, check=True)
         doc = {"command": "python -m dflash.bench.profile " + " ".join(argv), **json.loads(prof.stdout)}
         (OUT / f"{name}-{suffix}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote results/host/{name}.json and " + ", ".join(f"{name}-{suffix}.json" for suffix, _ in PROFILES))
+        written.append(f"{name}-{suffix}.json")
+    print("wrote " + ", ".join(f"results/host/{w}" for w in written))
+
+
+USAGE = "usage: host_settings.py record [--only " + ",".join(PARTS) + "] | table"
+
+
+def _fail(message: str) -> None:
+    print(message, file=sys.stderr)
+    sys.exit(2)  # a usage error, as the CLI's
+
+
+def parse_only(argv: list[str]) -> tuple[str, ...]:
+    """`--only a,b` → those parts of a record (all of them without it); an unknown part exits naming the option."""
+    if not argv:
+        return PARTS
+    if len(argv) != 2 or argv[0] != "--only":
+        _fail(USAGE)
+    parts = tuple(p.strip() for p in argv[1].split(",") if p.strip())
+    bad = [p for p in parts if p not in PARTS]
+    if bad or not parts:
+        _fail(f"error: --only: each part must be one of {', '.join(PARTS)}, got {argv[1]!r}")
+    return parts
 
 
 def _ms(value: float | None) -> str:
@@ -231,4 +264,10 @@ def table() -> None:
 
 
 if __name__ == "__main__":
-    {"record": record, "table": table}[sys.argv[1] if len(sys.argv) > 1 else "table"]()
+    command = sys.argv[1] if len(sys.argv) > 1 else "table"
+    if command == "record":
+        record(parse_only(sys.argv[2:]))
+    elif command == "table" and len(sys.argv) <= 2:
+        table()
+    else:
+        _fail(USAGE)

@@ -4,6 +4,9 @@ caller fixes."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -131,3 +134,9 @@ def test_prefills_run_in_float32_matmuls_where_the_probe_measured_that_it_pays(t
     assert again.source == "cache" and (again.float32_from_rows, again.matmul_ms) == (s.float32_from_rows, s.matmul_ms)
     s32 = host.choose(model, "tiny", 4, tmp_path / "settings.json", dtype="float32")
     assert s32.matmul_ms == {} and s32.float32_from_rows == 0
+
+
+def test_the_recording_script_names_a_bad_part_and_exits_2():
+    script = Path(__file__).resolve().parent.parent / "scripts" / "host_settings.py"
+    run = subprocess.run([sys.executable, str(script), "record", "--only", "probe,nope"], capture_output=True, text=True)
+    assert run.returncode == 2 and "--only" in run.stderr and "'probe,nope'" in run.stderr and "Traceback" not in run.stderr
