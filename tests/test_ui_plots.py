@@ -4,6 +4,7 @@ fixed while a run grows, every series has a non-colour encoding, and every figur
 from __future__ import annotations
 
 import json
+import math
 
 import plotly.graph_objects as go
 import pytest
@@ -37,13 +38,22 @@ def test_block_length_curve_follows_the_controller(runs):
     assert committed.marker.symbol == "diamond"  # second encoding besides colour
     # Slow-start changed the size: each change is annotated with the controller's reason.
     reasons = {e.block: e.reason for e in events if isinstance(e, ev.BlockSize)}
-    notes = [a.text for a in fig.layout.annotations if a.showarrow]
+    arrows = [a for a in fig.layout.annotations if a.showarrow]
     changes = [v for prev, v in zip(vs, vs[1:]) if v.block_size != prev.block_size and "clipped" not in reasons[v.block]]
-    written = []  # the first change, then each one NOTE_GAP blocks or more after the last written (no overlaps)
+    xmax = fig.layout.xaxis.range[1] - 0.5  # the axis: [0.5, xmax + 0.5]
+    gap = math.ceil(plots.NOTE_SPAN * xmax)
+    written = []  # the first change, then each one NOTE_SPAN of the axis or more after the last written
     for v in changes:
-        if not written or v.block - written[-1].block >= plots.NOTE_GAP:
+        if not written or v.block - written[-1].block >= gap:
             written.append(v)
-    assert notes == [plots._short(reasons[v.block]) for v in written][: plots.MAX_NOTES] and notes
+    assert [a.text for a in arrows] == [plots._short(reasons[v.block]) for v in written][: plots.MAX_NOTES] and arrows
+    for a, b in zip(arrows, arrows[2:]):  # labels alternate between two heights: one height's are 2 gaps apart
+        assert a.ay == b.ay and b.x - a.x >= 2 * gap
+    assert all(a.ay != b.ay for a, b in zip(arrows, arrows[1:]))
+    for a in arrows:  # a label centred on its arrow would cross the plot's edge there: anchored at that edge instead
+        at = (a.x - 0.5) / xmax
+        assert a.xanchor == ("left" if at < plots.NOTE_WIDTH / 2 else "right" if at > 1 - plots.NOTE_WIDTH / 2 else "center")
+    assert arrows[0].xanchor == "left"  # the controller's first decision comes in the first blocks
     assert list(size.hovertext) == [reasons[v.block] for v in vs]
     assert fig.layout.shapes[0].y0 == 8  # max block size line
 

@@ -62,17 +62,27 @@ def _plain(text: str) -> str:
     return html.escape(text, quote=False)
 
 
-NOTE_GAP, MAX_NOTES = 3, 12  # blocks between two written decisions (closer ones overlap), and how many are written
+NOTE_WIDTH = 0.37  # the share of the x axis one decision's label takes: 28 characters at 9 px in the playground's
+# half-width plot (measured in a screenshot)
+NOTE_SPAN, MAX_NOTES = 0.28, 12  # the share of the axis between two written decisions, and how many are written:
+# consecutive labels alternate between two heights (NOTE_HEIGHTS), so labels at one height stand 56% of the axis apart,
+# which keeps them apart even where one is anchored at an edge and the next centred (18.5% + 37%)
+NOTE_HEIGHTS = (-22, -40)  # arrow lengths in px, alternating
 
 
-def spaced(changes: list) -> list:
-    """The size changes to write on the curve: the first, then each one NOTE_GAP blocks or more after the last written
+def spaced(changes: list, gap: int) -> list:
+    """The size changes to write on the curve: the first, then each one `gap` blocks or more after the last written
     (the cost policy changes size every few blocks); every decision stays in the hover text."""
     out = []
     for d in changes:
-        if not out or d.block - out[-1].block >= NOTE_GAP:
+        if not out or d.block - out[-1].block >= gap:
             out.append(d)
     return out[:MAX_NOTES]
+
+
+def _note_anchor(at: float) -> str:
+    """Centred on its arrow, except where a centred label would cross the plot's edge (`at`: share of the axis)."""
+    return "left" if at < NOTE_WIDTH / 2 else "right" if at > 1 - NOTE_WIDTH / 2 else "center"
 
 
 def _short(reason: str, limit: int = 28) -> str:
@@ -100,12 +110,14 @@ def block_length_figure(run: RunState | list) -> go.Figure:
                "line": {"dash": "dot", "color": GREY, "width": 1}}]
     notes = [{"text": f"max {bmax}", "xref": "paper", "x": 0, "y": bmax, "yanchor": "bottom", "xanchor": "left",
               "showarrow": False, "font": {"size": 10, "color": GREY}}]
-    for d in spaced(state.size_changes):  # the controller's own decisions, not the clip to the tokens left at the end
+    xmax = max(X_CHUNK, math.ceil(max(len(verifies), 1) / X_CHUNK) * X_CHUNK)
+    # the controller's own decisions, not the clip to the tokens left at the end
+    for i, d in enumerate(spaced(state.size_changes, math.ceil(NOTE_SPAN * xmax))):
         notes.append({"x": d.block, "y": d.size, "text": _short(d.reason), "showarrow": True, "arrowhead": 2, "ax": 0,
-                      "ay": -22, "font": {"size": 9, "color": GREY}, "arrowcolor": GREY})
+                      "ay": NOTE_HEIGHTS[i % 2], "xanchor": _note_anchor((d.block - 0.5) / xmax),
+                      "font": {"size": 9, "color": GREY}, "arrowcolor": GREY})
     if not verifies:
         notes.append(_note("waiting for the first block…"))
-    xmax = max(X_CHUNK, math.ceil(max(len(verifies), 1) / X_CHUNK) * X_CHUNK)
     return _figure(data, "Block length per step", _axis("verify step (block)", [0.5, xmax + 0.5]),
                    _axis("tokens", [0, bmax + 1.5]), shapes, notes)
 
