@@ -21,6 +21,7 @@ from tests.ui_support import PROMPT, paced_text_engine, tiny_text_engine
 from ui import build_demo, launch_kwargs
 from ui.engines import EngineProvider
 from ui.handlers import CONTROL_KEYS, STOPPED_IN_QUEUE, Playground, Settings, defaults
+from ui.exports import HISTORY_COLUMNS
 from ui.layout import OUT_KEYS
 from ui.replay import bundled_traces, parse_trace
 
@@ -239,6 +240,32 @@ def test_compare_with_autoregressive_shows_speedup_and_identical_output(app):
     assert len(json.loads(final["throughput"]["plot"])["data"]) == 2
     row = final["history_table"]["data"][-1]
     assert row[-1] == "✓" and row[-2] != ""
+
+
+def test_compare_times_the_run_again_beside_the_baseline(app, monkeypatch):
+    """A live run's own rate pays for drawing every frame of the page and the baseline's would not: Compare runs the
+    request again and then without the draft, both drawn alike, and compares those two."""
+    app.client.predict(*args(max_new_tokens=24), api_name="/generate")
+    shown = parse_trace(Path(named(app.client.predict(False, api_name="/compare"))["export_trace"]).read_text(encoding="utf-8"))
+    asked, real = [], app.engine.stream
+
+    def recording(request, *rest, **kw):
+        asked.append((request.use_draft, request.max_new_tokens))
+        return real(request, *rest, **kw)
+
+    monkeypatch.setattr(app.engine, "stream", recording)
+    final = named(app.client.predict(False, api_name="/compare"))
+    n = len(shown.events[-1].output_ids)
+    assert asked == [(True, n), (False, n)]  # the run again, then the baseline, back to back
+    trace = parse_trace(Path(final["export_trace"]).read_text(encoding="utf-8"))
+    assert trace.events[-1].output_ids == shown.events[-1].output_ids  # the timed run repeats the shown one …
+    assert trace.events[-1].stats != shown.events[-1].stats  # … as a run of its own, which the trace now keeps
+    run_tps, base_tps = trace.events[-1].stats["tokens_per_s"], trace.baseline[-1].stats["tokens_per_s"]
+    assert f"DFlash {run_tps:.1f} tok/s, baseline {base_tps:.1f} tok/s (timed back to back)" in final["status"]
+    assert f"speedup {run_tps / base_tps:.2f}×" in final["status"] and "timed again right before the baseline" in final["stats"]
+    curves = json.loads(final["throughput"]["plot"])["data"]
+    assert curves[0]["y"][-1] == n and curves[0]["x"][-1] == pytest.approx(trace.events[-2].t_ms / 1000, abs=1e-3)
+    assert final["history_table"]["data"][-1][HISTORY_COLUMNS.index("tok/s")] == round(run_tps, 2)
 
 
 def test_compare_needs_a_run_of_this_session(app):

@@ -220,6 +220,20 @@ def test_comparison_with_the_baseline(runs):
     assert f"differs from the target's own output at token {first}: expected, the run is lossy" in html
 
 
+def test_a_comparison_takes_its_speeds_from_the_run_timed_beside_the_baseline(runs):
+    """The playground times the run again next to the baseline (both drawn alike): speeds from that timed run, the
+    identity from the run shown, the live rate kept and said; without a timed run nothing is said about timing."""
+    timed = runs["baseline"]  # any other finished run: its speed must be the one compared
+    comp = render_stats.comparison(runs["mixed"], runs["baseline"], timed=timed)
+    assert comp["run_tokens_per_s"] == pytest.approx(timed[-1].stats["tokens_per_s"]) and comp["speedup"] == pytest.approx(1.0)
+    assert comp["live_tokens_per_s"] == pytest.approx(runs["mixed"][-1].stats["tokens_per_s"])
+    assert comp["identical"] and comp["n_compared"] == 40  # the shown run's output against the baseline's
+    html = render_stats.stats_html(runs["mixed"], comp)
+    assert "timed again right before the baseline" in html and f"the run went at {comp['live_tokens_per_s']:.1f} tok/s" in html
+    plain = render_stats.comparison(runs["mixed"], runs["baseline"])  # a loaded trace: its own events only
+    assert plain["live_tokens_per_s"] is None and "timed again" not in render_stats.stats_html(runs["mixed"], plain)
+
+
 def test_a_difference_is_diagnosed_from_both_runs_recorded_gaps(runs):
     """The diagnosis reads the top-2 gaps the two runs recorded at the first difference; a float32 difference is
     never a tie, an unknown dtype is shown as unknown (nothing from a trace's meta reaches the page unchecked)."""

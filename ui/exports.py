@@ -58,5 +58,17 @@ def history_row(run_id: int, source: str, preset: Any, events: list) -> dict[str
             "finish": fin.reason if fin else "", "baseline tok/s": "", "speedup": "", "identical": ""}
 
 
+def with_comparison(history: list | None, run_id: int, comp: dict) -> list:
+    """A copy of the history with the compared run's row completed (baseline speed, speedup, identical)."""
+    history = [dict(r) for r in history or []]
+    for r in history:
+        if r.get("run") == run_id and r.get("source") == "run":
+            r.update({"tok/s": round(comp["run_tokens_per_s"], 2),  # the timed run's, as the speedup's
+                      "baseline tok/s": round(comp["baseline_tokens_per_s"], 2), "speedup": round(comp["speedup"], 2),
+                      "identical": "✓" if comp["identical"] else
+                      f"✗ at {comp['first_diff']}" + (" (tie)" if comp["diagnosis"]["verdict"] == "tie" else "")})
+    return history
+
+
 def history_table(history: list) -> list[list[Any]]:
     return [[r.get(c, "") for c in HISTORY_COLUMNS] for r in history]

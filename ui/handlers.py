@@ -28,7 +28,7 @@ from dflash.request import Request
 from dflash.zerogpu import zero_gpu
 from ui import gpu, plots, render
 from ui.engines import EngineProvider
-from ui.exports import history_row, history_table, write_exports
+from ui.exports import history_row, history_table, with_comparison, write_exports
 from ui.live import FrameThrottle, RunLook, dtype_of, final_status, hardware, live_status
 from ui.render_inspector import inspector_html
 from ui.render_stats import comparison, difference_words, stats_html
@@ -217,57 +217,79 @@ class Playground:
 
     # -- compare -----------------------------------------------------------------------------------------------
     def compare(self, state: dict | None, history: list | None, show_rejected: bool, session: str) -> Iterator[dict[str, Any]]:
+        """Time the session's run again and then its request without the draft, back to back and drawn alike (status
+        and throughput chart only): a live run's own rate also pays for drawing every frame of the page, which the
+        lighter baseline would not, so the speedup is the ratio of these two. On ZeroGPU a run is recorded whole in
+        the GPU worker, away from the page, so its own timing is fair and only the baseline runs (GPU quota)."""
         if not self.runs.take_admission(session):
             yield {"status": STOPPED_IN_QUEUE}
             return
         trace = _finished_session_run(state)
         preset = state.get("preset")
-        engine, request = self.engines.for_request(preset, self._baseline_request(trace))
-        stream, cancel = self._start(engine, preset, request, session)
+        engine, again = self.engines.for_request(preset, self._timed_request(trace, use_draft=True))
+        _, baseline = self.engines.for_request(preset, self._timed_request(trace, use_draft=False))
+        todo = [] if zero_gpu() else [(again, "Timing the run again beside the baseline")]
+        todo.append((baseline, "Running the autoregressive baseline"))
+        cancel = self.runs.begin(session, GENERATION)  # one Stop flag for both runs
+        timed: list[list] = []
         try:
-            base = yield from self._live_baseline(stream, trace)
+            for request, what in todo:
+                stream = self._stream(engine, preset, request, cancel)
+                try:
+                    timed.append((yield from self._live_timed(stream, timed, what)))
+                finally:
+                    stream.close()
+                fin = render.finished(timed[-1])
+                if fin is None or fin.reason in ("cancelled", "timeout", "error"):
+                    who = "Baseline" if len(timed) == len(todo) else "Timed run"
+                    yield {"status": f"{who} {fin.reason if fin else 'stopped'}: {render.finish_words(fin)} Nothing compared."}
+                    return
         finally:
-            stream.close()
             self.runs.end(session, cancel)
-        bfin = render.finished(base)
-        if bfin is None or bfin.reason in ("cancelled", "timeout", "error"):
-            yield {"status": f"Baseline {bfin.reason if bfin else 'stopped'}: {render.finish_words(bfin)} Nothing compared."}
-            return
-        yield self._compared(state, trace, base, history, str(engine.target.dtype).removeprefix("torch."))
+        timed_run, base = timed if len(timed) == 2 else (None, timed[0])
+        yield self._compared(state, trace, timed_run, base, history, str(engine.target.dtype).removeprefix("torch."))
 
-    def _baseline_request(self, trace: Trace) -> Request:
-        """The run's request without the draft, for just as many tokens as the run produced (a fair, shorter
-        comparison)."""
+    def _timed_request(self, trace: Trace, use_draft: bool) -> Request:
+        """The run's request (with or without the draft) for just as many tokens as the run produced (a fair, shorter
+        comparison), under this server's deadline."""
         req = dict(render.started(trace.events).request)
-        req.update(use_draft=False, max_new_tokens=max(1, len(render.finished(trace.events).output_ids)),
+        req.update(use_draft=use_draft, max_new_tokens=max(1, len(render.finished(trace.events).output_ids)),
                    deadline_s=self.settings.deadline_s)
         return Request(**req)
 
-    def _live_baseline(self, stream: Iterator, trace: Trace) -> Generator[dict[str, Any], None, list]:
-        """Yield the throughput chart as the baseline runs (at commits, at most every plot_refresh_s); return
-        the baseline's events."""
-        base: list = [next(stream)]  # start the engine's generator at once (see _live)
+    def _live_timed(self, stream: Iterator, done: list[list], what: str) -> Generator[dict[str, Any], None, list]:
+        """Yield the throughput chart (the runs `done` and this one) as this one runs, at commits, at most every
+        plot_refresh_s; return its events."""
+        events: list = [next(stream)]  # start the engine's generator at once (see _live)
         throttle = FrameThrottle(self.settings.plot_refresh_s, self.settings.plot_refresh_s)
         for e in stream:
-            base.append(e)
+            events.append(e)
             if throttle.due(e)[0]:
-                yield {"status": live_status(base, "Running the autoregressive baseline"),
-                       "throughput": plots.throughput_figure(trace.events, base)}
-        return base
+                yield {"status": live_status(events, what), "throughput": plots.throughput_figure(*done, events)}
+        return events
 
-    def _compared(self, state: dict, trace: Trace, base: list, history: list | None, dtype: str) -> dict[str, Any]:
+    def _compared(self, state: dict, trace: Trace, timed: list | None, base: list, history: list | None,
+                  dtype: str) -> dict[str, Any]:
         """The comparison's update: statistics, throughput chart and status, the trace with its baseline, the
-        run's history row completed, and the exports."""
-        comp = comparison(trace.events, base, dtype)
+        run's history row completed, and the exports. Where the timed run repeated the run's output (it always
+        should: same request, same seed) the trace keeps its events, so every later view shows the timed speed.
+        `timed` None (ZeroGPU): the run's own timing is compared."""
+        comp = comparison(trace.events, base, dtype, timed=timed)
+        repeated = timed is None or render.finished(timed).output_ids == render.finished(trace.events).output_ids
+        if timed is not None and repeated:
+            trace.events = timed
         trace.baseline = base
         run_id = state.get("run_id", 0)
-        history = _with_comparison(history, run_id, comp)
+        history = with_comparison(history, run_id, comp)
         same = ("identical ✓" if comp["identical"] else
                 f"different ✗ at token {comp['first_diff']}: {difference_words(comp)}")
+        note = "" if repeated else " (the timed run's output differed from the shown run's: speed from the timed run)"
+        how = " (timed back to back)" if timed is not None else ""
         return {"stats": stats_html(trace.events, comp, state.get("hardware", "")),
-                "throughput": plots.throughput_figure(trace.events, base),
-                "status": f"**Compared with autoregressive:** baseline {comp['baseline_tokens_per_s']:.1f} tok/s, "
-                          f"speedup {comp['speedup']:.2f}×, outputs {same}.",
+                "throughput": plots.throughput_figure(timed or trace.events, base),
+                "status": f"**Compared with autoregressive:** DFlash {comp['run_tokens_per_s']:.1f} tok/s, baseline "
+                          f"{comp['baseline_tokens_per_s']:.1f} tok/s{how}, speedup "
+                          f"{comp['speedup']:.2f}×, outputs {same}.{note}",
                 "trace": trace_state(trace, **{k: v for k, v in state.items() if k not in ("replay", "compare")},
                                      compare=comp),
                 **_history_views(history), **self.exports(trace, history, run_id)}
@@ -362,17 +384,6 @@ def _finished_session_run(state: dict | None) -> Trace:
     if render.started(trace.events) is None or render.finished(trace.events) is None:
         raise ValidationError("compare", "the run has not finished yet")
     return trace
-
-
-def _with_comparison(history: list | None, run_id: int, comp: dict) -> list:
-    """A copy of the history with the compared run's row completed (baseline speed, speedup, identical)."""
-    history = [dict(r) for r in history or []]
-    for r in history:
-        if r.get("run") == run_id and r.get("source") == "run":
-            r.update({"baseline tok/s": round(comp["baseline_tokens_per_s"], 2), "speedup": round(comp["speedup"], 2),
-                      "identical": "✓" if comp["identical"] else
-                      f"✗ at {comp['first_diff']}" + (" (tie)" if comp["diagnosis"]["verdict"] == "tie" else "")})
-    return history
 
 
 def _block(value: Any) -> int | None:

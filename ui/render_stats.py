@@ -8,20 +8,24 @@ from ui.render import attr, finished, run_stats
 from ui.run_state import RunState, as_state
 
 
-def comparison(run_events: list, base_events: list, dtype: str = "") -> dict:
+def comparison(run_events: list, base_events: list, dtype: str = "", timed: list | None = None) -> dict:
     """Baseline vs run: tok/s, speedup, whether the outputs are identical, and where they differ the diagnosis
     (`stats.diagnose_difference`: both runs' top-2 gaps there, numerical tie or error). `dtype`: the target's
-    ("bfloat16"; anything without a tie bound is kept as "", an unknown dtype)."""
+    ("bfloat16"; anything without a tie bound is kept as "", an unknown dtype). `timed`: the run's request run
+    again beside the baseline; the speeds are then its and the baseline's (`live_tokens_per_s` keeps the run's own;
+    None without `timed`)."""
     run_ids, base_ids = _output_ids(run_events), _output_ids(base_events)
-    rs, bs = run_stats(run_events), run_stats(base_events)
+    live, bs = run_stats(run_events), run_stats(base_events)
+    rs = run_stats(timed) if timed is not None else live
     n = min(len(run_ids), len(base_ids))
     dtype = dtype if dtype in TIE_BOUND else ""
     # A stopped baseline is never compared (handlers.compare).
     diag = diagnose_difference(base_ids, output_gaps(base_events), run_ids, output_gaps(run_events), dtype)
     speed = rs["tokens_per_s"] / bs["tokens_per_s"] if bs["tokens_per_s"] > 0 else 0.0
     return {"baseline_tokens_per_s": bs["tokens_per_s"], "run_tokens_per_s": rs["tokens_per_s"], "speedup": speed,
-            "identical": diag is None, "first_diff": diag["position"] if diag else None, "n_compared": n,
-            "baseline_ttft_ms": bs["ttft_ms"], "lossy": rs["lossy"], "diagnosis": diag, "dtype": dtype}
+            "live_tokens_per_s": live["tokens_per_s"] if timed is not None else None, "identical": diag is None,
+            "first_diff": diag["position"] if diag else None, "n_compared": n, "baseline_ttft_ms": bs["ttft_ms"],
+            "lossy": live["lossy"], "diagnosis": diag, "dtype": dtype}
 
 
 def difference_words(comp: dict) -> str:
@@ -87,12 +91,21 @@ def stats_html(run: RunState | list, compare: dict | None = None, hardware: str 
                 f'<div class="stat"><div class="k">outputs</div>'
                 f'<div class="v {"same" if ok else "diff"}">{attr(same)}</div></div>'
                 f'<p class="cmp-note">Baseline = the same engine without a draft (one token per target step), same prompt and '
-                f'settings, {attr(compare["n_compared"])} tokens compared.</p></div>')
+                f'settings, {attr(compare["n_compared"])} tokens compared.{_timed_words(compare)}</p></div>')
     hw = f'<p class="hw">{attr(hardware)}</p>' if hardware else ""
     data = (f'<span hidden class="stats-data" data-tau="{s["tau"]:.4f}" data-n-out="{attr(s["n_output_tokens"])}" '
             f'data-n-verify="{attr(s["n_verify"])}" data-reason="{attr(fin.reason if fin else "running")}"></span>')
     return (f'<div class="dfl-stats"><div class="stat-grid">{cells}</div><div class="badges">{"".join(badges)}</div>'
             f'{comp}{hw}{data}</div>')
+
+
+def _timed_words(compare: dict) -> str:
+    """How the speeds were timed, for a comparison made in this session (a loaded trace does not say)."""
+    live = compare.get("live_tokens_per_s")
+    if live is None:
+        return ""
+    return (" Speeds: the run timed again right before the baseline, both with the page redrawn at most once a "
+            f"second (live, drawing every frame, the run went at {attr(f'{live:.1f}')} tok/s).")
 
 
 def _stat(key: str, value: str) -> str:

@@ -81,8 +81,8 @@ Pick an example prompt, press **Generate**, then follow one block through the fo
    (auto → cost) soon settles on blocks of 2–3, where it expects the most tokens per second; to watch whole
    blocks of 8 being drafted and verified, set **Policy** to *fixed* under "Adaptive block length".
 
-Then press **Compare with autoregressive** to run the same request with no draft and see the speedup and that the
-answers are identical. No compute in the room? Load a **bundled trace** in *Replay* and use **Next ▶** to walk
+Then press **Compare with autoregressive** to time the same request again with and without the draft, back to back,
+and see the speedup and that the answers are identical. No compute in the room? Load a **bundled trace** in *Replay* and use **Next ▶** to walk
 through a recorded run step by step.
 """
 
@@ -93,8 +93,10 @@ NUMBERS = """### What the numbers mean
 - **time to first token** — reading the prompt (prefill) plus picking the first token.
 - **draft / verify time** — where the decode time went: the draft's passes vs the target's block forwards.
 - **speedup** — this run's tokens/s divided by the **same engine without a draft** on the same prompt and
-  settings (one token per target step). On a small CPU model a block verify costs more than a single step,
-  so speedups here are smaller than on a GPU.
+  settings (one token per target step). Compare runs the request again and then without the draft, back to back,
+  both with the page redrawn at most once a second: a live run also pays for drawing every frame, which would
+  understate DFlash. After Compare, *tokens / s* shows that timed run's rate. On a small CPU model a block verify
+  costs more than a single step, so speedups here are smaller than on a GPU.
 - **identical ✓** — with the acceptance threshold at 1.0 the output must equal the baseline's token for token;
   a lossy threshold may change it, and the first differing position is shown.
 - **Histogram** — how often a step committed 1, 2, … tokens; **per-position chart** — how often the draft's
