@@ -30,6 +30,9 @@ __all__ = ["CSS_PATH", "OUT_KEYS", "QUEUE_SIZE", "build_demo", "launch_kwargs"] 
 
 CSS_PATH = ASSETS / "playground.css"
 QUEUE_SIZE = 16
+NARROWEST = 320  # px: a chart or the statistics narrower than this wraps onto its own line (titles, legends and
+# the comparison's verdict stay readable on a phone)
+
 # Show a clicked token's details under the stream (hover shows the same text as a tooltip).
 TOKEN_JS = """element.addEventListener('click', (e) => {
   const t = e.target.closest('.tok'); const d = element.querySelector('.tok-details');
@@ -139,8 +142,9 @@ def output_panel(empty: dict[str, Any]) -> dict[str, Any]:
         "legend": gr.HTML(empty["legend"], elem_id="token-legend", padding=True),
         "tokens": gr.HTML(empty["tokens"], html_template=TOKEN_TEMPLATE, js_on_load=TOKEN_JS, elem_id="token-stream",
                           padding=True)}
-    with gr.Row(equal_height=False):
-        o["stats"] = gr.HTML(empty["stats"], elem_id="stats", padding=True)
+    with gr.Row(equal_height=False):  # side by side where both fit, the button below the statistics on a phone
+        with gr.Column(min_width=NARROWEST):  # (gr.HTML does not apply its own min_width)
+            o["stats"] = gr.HTML(empty["stats"], elem_id="stats", padding=True)
         o["compare"] = gr.Button("Compare with autoregressive", elem_id="compare", scale=0, min_width=200)
     o["inspector"] = gr.HTML(empty["inspector"], elem_id="block-inspector", padding=True)
     o["inspect_block"] = gr.Slider(0, 1, value=0, step=1, label="Inspect block (0 = the latest)",
@@ -149,13 +153,15 @@ def output_panel(empty: dict[str, Any]) -> dict[str, Any]:
 
 
 def charts_panel(empty: dict[str, Any]) -> dict[str, Any]:
-    """The four charts, two by two."""
+    """The four charts, two by two where two fit side by side, else one under the other (a phone)."""
+    def plot(name: str, elem_id: str) -> gr.Plot:
+        return gr.Plot(empty[name], show_label=False, elem_id=elem_id, min_width=NARROWEST)
+
     with gr.Row():
-        p = {"block_length": gr.Plot(empty["block_length"], show_label=False, elem_id="block-length-plot"),
-             "histogram": gr.Plot(empty["histogram"], show_label=False, elem_id="acceptance-histogram")}
+        p = {"block_length": plot("block_length", "block-length-plot"), "histogram": plot("histogram", "acceptance-histogram")}
     with gr.Row():
-        p["positions"] = gr.Plot(empty["positions"], show_label=False, elem_id="position-acceptance-plot")
-        p["throughput"] = gr.Plot(empty["throughput"], show_label=False, elem_id="throughput-plot")
+        p["positions"] = plot("positions", "position-acceptance-plot")
+        p["throughput"] = plot("throughput", "throughput-plot")
     return p
 
 

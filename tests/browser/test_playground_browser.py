@@ -139,6 +139,24 @@ def test_controls_explain_themselves_and_reset(app, browser):
     page.close()
 
 
+def test_on_a_phone_the_charts_and_statistics_take_the_whole_width(app, browser):
+    """Two charts side by side on a desktop; one under the other on a 400 px phone, where side by side each would be
+    ~160 px wide (titles and legends cut) and the statistics beside the Compare button ~120 px (a word a line)."""
+    charts = ["#block-length-plot", "#acceptance-histogram", "#position-acceptance-plot", "#throughput-plot"]
+    for width, side_by_side in ((1440, True), (400, False)):
+        page = browser.new_page(viewport={"width": width, "height": 900})
+        page.goto(app.url)
+        page.wait_for_selector("#token-legend .dfl-legend", timeout=120_000)
+        boxes = [page.locator(c).bounding_box() for c in charts + ["#stats", "#compare"]]
+        (bl, hist, pos, thr), (stats, compare) = boxes[:4], boxes[4:]
+        assert (hist["y"] == bl["y"] and hist["x"] > bl["x"] + bl["width"] - 1) == side_by_side
+        assert (compare["y"] == stats["y"]) == side_by_side  # the button beside the statistics, or under them
+        if not side_by_side:
+            assert len({round(b["x"]) for b in (bl, hist, pos, thr)}) == 1 and bl["y"] < hist["y"] < pos["y"] < thr["y"]
+            assert all(b["width"] >= 0.8 * 400 for b in (bl, hist, pos, thr, stats))
+        page.close()
+
+
 @pytest.mark.slow
 def test_short_generation_with_the_default_models(browser):
     from dflash.registry import get_preset
