@@ -8,7 +8,9 @@ from pathlib import Path
 INTRO = """# ⚡ DFlash playground
 A small **draft** model proposes a whole block of next tokens at once (block diffusion); the **target** model
 checks the block in one forward pass, keeps the longest correct prefix and adds one token of its own.
-With the acceptance threshold at 1.0 the answer is exactly the target's own answer — just fewer target steps."""
+With the acceptance threshold at 1.0 the answer is exactly the target's own answer — just fewer target steps (in
+float32, the exact mode; in the faster bfloat16 mode a CPU may be set to, it can part from it where the target's top two
+tokens are a numerical tie, and **Compare** says where)."""
 
 EXAMPLES = [
     ("Prose", "Write a short opening paragraph for a story about a lighthouse keeper who finds a message in a bottle."),
