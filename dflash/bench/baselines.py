@@ -78,7 +78,8 @@ def hf_generate(target: Target, prompt_ids: list[int], max_new_tokens: int, stop
     t_end = time.perf_counter()
     gaps = None
     if temperature == 0.0:  # one [1, V] logits row per new token, as generate chose it
-        gaps, out = top2_gap(torch.cat(out.logits)) if out.logits else [], out.sequences
+        gaps = top2_gap(torch.cat(out.logits)) if out.logits else []
+        out = out.sequences
     new = out[0, len(prompt_ids):].tolist()
     # Batch size 1: generate pads nothing after EOS, but keep the contract explicit (EOS kept, nothing after it).
     cut = next((i for i, t in enumerate(new) if t in set(stops)), None)
