@@ -9,6 +9,7 @@ the engine's events — the same functions replay a saved trace. A session's tra
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 import tempfile
@@ -226,10 +227,9 @@ class Playground:
             return
         trace = _finished_session_run(state)
         preset = state.get("preset")
-        engine, again = self.engines.for_request(preset, self._timed_request(trace, use_draft=True))
-        _, baseline = self.engines.for_request(preset, self._timed_request(trace, use_draft=False))
+        engine, again = self.engines.for_request(preset, self._timed_request(trace))
         todo = [] if zero_gpu() else [(again, "Timing the run again beside the baseline")]
-        todo.append((baseline, "Running the autoregressive baseline"))
+        todo.append((dataclasses.replace(again, use_draft=False), "Running the autoregressive baseline"))
         cancel = self.runs.begin(session, GENERATION)  # one Stop flag for both runs
         timed: list[list] = []
         try:
@@ -249,11 +249,11 @@ class Playground:
         timed_run, base = timed if len(timed) == 2 else (None, timed[0])
         yield self._compared(state, trace, timed_run, base, history, str(engine.target.dtype).removeprefix("torch."))
 
-    def _timed_request(self, trace: Trace, use_draft: bool) -> Request:
-        """The run's request (with or without the draft) for just as many tokens as the run produced (a fair, shorter
-        comparison), under this server's deadline."""
+    def _timed_request(self, trace: Trace) -> Request:
+        """The run's request for just as many tokens as the run produced (a fair, shorter comparison), under this
+        server's deadline."""
         req = dict(render.started(trace.events).request)
-        req.update(use_draft=use_draft, max_new_tokens=max(1, len(render.finished(trace.events).output_ids)),
+        req.update(max_new_tokens=max(1, len(render.finished(trace.events).output_ids)),
                    deadline_s=self.settings.deadline_s)
         return Request(**req)
 
