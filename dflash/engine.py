@@ -171,10 +171,15 @@ class Engine:
         return size, lo, hi
 
     # -- the loop ---------------------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        """A request is running (`stream(blocking=False)` would raise BusyError)."""
+        return self._lock.locked()
+
     def stream(self, request: Request, cancel: threading.Event | None = None, blocking: bool = True) -> Iterator[ev.Event]:
         """Validate now (raises ValidationError), then return the event iterator. One request at a time."""
         prompt_ids, sizes = self.validate(request)
-        if not blocking and self._lock.locked():
+        if not blocking and self.busy:
             raise BusyError("the engine is busy with another request")
         # "auto" becomes the policy it stands for on this device, so the Started event (the trace, the history)
         # records the one that ran.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,9 +17,10 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from gradio_client.utils import Status
 
+from dflash.errors import BusyError
 from dflash.request import Request
 from tests.ui_support import PROMPT, paced_text_engine, tiny_text_engine
-from ui import build_demo, launch_kwargs
+from ui import build_demo, launch_kwargs, torch_thread
 from ui.engines import EngineProvider
 from ui.handlers import CONTROL_KEYS, STOPPED_IN_QUEUE, Playground, Settings, defaults
 from ui.exports import HISTORY_COLUMNS
@@ -268,6 +270,21 @@ def test_compare_times_the_run_again_beside_the_baseline(app, monkeypatch):
     assert final["history_table"]["data"][-1][HISTORY_COLUMNS.index("tok/s")] == round(run_tps, 2)
 
 
+def test_every_forward_of_a_request_runs_on_the_torch_thread(app):
+    """All of the server's torch work on one thread (ui/torch_thread.py): OpenMP gives every thread that runs a
+    parallel operator a team of its own, and more teams than cores make every operator slower."""
+    names: list[str] = []
+    hooks = [m.register_forward_pre_hook(lambda *_: names.append(threading.current_thread().name))
+             for m in (app.engine.target.model, app.engine.draft)]
+    try:
+        app.client.predict(*args(max_new_tokens=16), api_name="/generate")
+        app.client.predict(False, api_name="/compare")
+    finally:
+        for h in hooks:
+            h.remove()
+    assert len(names) > 10 and all(n.startswith(torch_thread.NAME) for n in names), set(names)
+
+
 def test_compare_needs_a_run_of_this_session(app):
     fresh = Client(app.url, verbose=False)
     try:
@@ -320,6 +337,47 @@ def test_deadline_ends_the_request(app):
     values = dict(zip(CONTROL_KEYS, args(max_new_tokens=200)))
     final = list(pg.generate(values, [], "s"))[-1]
     assert "Finished (timeout)" in final["status"] and "deadline of 0.001 s reached" in final["status"]
+
+
+def test_a_request_waits_for_an_engine_busy_outside_the_queue_within_its_deadline(app):
+    """Something outside the queue (a notebook, a script) holds the engine: the request waits in its handler's
+    thread, never on the torch thread, which the run it waits for needs; then it fails by name."""
+    pg = Playground(EngineProvider({"default": app.engine}), Settings(deadline_s=0.3))
+    holder = app.engine.stream(Request(prompt=PROMPT, max_new_tokens=4))
+    next(holder)  # takes the engine's lock
+    try:
+        start = time.monotonic()
+        with pytest.raises(BusyError, match="stayed busy with another request for the deadline of 0.3 s"):
+            list(pg.generate(dict(zip(CONTROL_KEYS, args(max_new_tokens=4))), [], "s"))
+        assert 0.3 <= time.monotonic() - start < 5
+    finally:
+        holder.close()
+    assert not app.engine.busy
+    final = list(pg.generate(dict(zip(CONTROL_KEYS, args(max_new_tokens=4))), [], "s"))[-1]  # served again
+    assert "Finished (length)" in final["status"]
+
+
+def test_stop_reaches_a_request_waiting_for_a_busy_engine(app):
+    pg = Playground(EngineProvider({"default": app.engine}), Settings(deadline_s=60))
+    holder = app.engine.stream(Request(prompt=PROMPT, max_new_tokens=4))
+    next(holder)
+    raised: list = []
+
+    def run():
+        try:
+            list(pg.generate(dict(zip(CONTROL_KEYS, args(max_new_tokens=4))), [], "s"))
+        except BusyError as exc:
+            raised.append(str(exc))
+
+    waiting = threading.Thread(target=run)
+    try:
+        waiting.start()
+        time.sleep(0.3)
+        assert pg.stop("s") == "Stopping after the current step…"
+        waiting.join(timeout=10)
+        assert not waiting.is_alive() and raised == ["stopped while waiting for the engine, which another request was using"]
+    finally:
+        holder.close()
 
 
 def test_stop_takes_effect_within_one_step(app):

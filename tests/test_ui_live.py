@@ -77,3 +77,52 @@ def test_the_hardware_line_shows_the_host_settings_and_ends_with_the_dtype():
     assert ", linear layout, prompts in float32 matmuls; 1-token step 40 ms" in hardware(engine)
     assert dtype_of("model · CPU · bfloat16 (fast: identical except at numerical ties)") == "bfloat16"
     assert dtype_of("") == ""
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_costly_frame_stretches_the_wait_before_the_next_one(runs):
+    commits = [e for e in runs["mixed"] if isinstance(e, ev.Commit)]
+    clock = Clock()
+    throttle = FrameThrottle(0.1, 0.0, max_share=0.1, clock=clock)
+    assert throttle.due(commits[0]) == (True, True)
+    throttle.drawn(0.05)  # 50 ms a frame: at most one every 0.5 s keeps drawing at a tenth of the run
+    clock.now = 0.3
+    assert throttle.due(commits[1]) == (False, False)
+    clock.now = 0.51
+    assert throttle.due(commits[2]) == (True, True)
+    throttle.drawn(0.001)  # a cheap frame: refresh_s rules again
+    clock.now = 0.65
+    assert throttle.due(commits[3]) == (True, True)
+
+
+def test_frames_are_timed_from_building_until_the_consumer_asks_again(runs):
+    events = runs["mixed"]
+    clock = Clock()
+    throttle = FrameThrottle(0.0, 0.0, max_share=0.5, clock=clock)
+
+    def engine():  # each event takes the engine 50 ms
+        for e in events:
+            clock.now += 0.05
+            yield e
+
+    def draw(seen: list, charts: bool) -> float:
+        start = clock.now
+        clock.now += 0.2  # building the frame
+        return start
+
+    seen: list = []
+    starts = []
+    for start in throttle.frames(engine(), seen, draw):
+        starts.append(start)
+        clock.now += 0.1  # the consumer sends it: the frame cost 0.3 s, so the next waits 0.6 s from its start
+    assert seen == events
+    assert len(starts) >= 2
+    assert all(b - a >= 0.6 - 1e-9 for a, b in zip(starts, starts[1:]))
+    assert min(b - a for a, b in zip(starts, starts[1:])) < 0.6 + 0.05 * 8  # drawn again once due, not later

@@ -34,6 +34,7 @@ from dflash.engine import Engine
 from dflash.errors import BusyError, ModelLoadError, ValidationError
 from dflash.registry import PRESETS, draft_block_size, get_preset
 from dflash.request import Request
+from ui import torch_thread
 from ui.text import NO_DRAFT_NOTICE, draft_notice
 
 log = logging.getLogger("dflash.ui")
@@ -71,6 +72,18 @@ def load_preset(name: str) -> tuple[Engine, str]:
         return engine, NO_DRAFT_NOTICE
     engine, _ = load_engine(name)
     return engine, (draft_notice(Path(preset.draft) / "evaluation.json") if name == "default" else "")
+
+
+def wait_until_free(engine: Engine, cancel: threading.Event, deadline_s: float | None) -> None:
+    """Wait while `engine` runs a request that came from outside the queue (a notebook, a script); BusyError when
+    Stop is pressed meanwhile or the wait outlasts `deadline_s`. Waits on the caller's thread, never on the torch
+    thread, which the run holding the engine needs to finish."""
+    start = time.monotonic()
+    while engine.busy:
+        if cancel.wait(0.05):
+            raise BusyError("stopped while waiting for the engine, which another request was using")
+        if deadline_s is not None and time.monotonic() - start > deadline_s:
+            raise BusyError(f"the engine stayed busy with another request for the deadline of {deadline_s:g} s")
 
 
 class EngineProvider:
@@ -179,7 +192,7 @@ class EngineProvider:
                             f"{self.swap_interval_s - since:.0f} s")
         self._drop(evicted)
         log.info("loading preset %s", name)
-        engine, notice = self._loader(name)
+        engine, notice = torch_thread.call(self._loader, name)  # where the engine will run (ui/torch_thread.py)
         self._engines[name], self._notices[name] = engine, notice
         self._last_load = time.monotonic()
         return engine

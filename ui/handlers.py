@@ -24,11 +24,11 @@ import gradio as gr
 
 from dflash import events as ev
 from dflash.engine import Engine
-from dflash.errors import BusyError, DFlashError, ValidationError
+from dflash.errors import DFlashError, ValidationError
 from dflash.request import Request
 from dflash.zerogpu import zero_gpu
-from ui import gpu, plots, render
-from ui.engines import EngineProvider
+from ui import gpu, plots, render, torch_thread
+from ui.engines import EngineProvider, wait_until_free
 from ui.exports import history_row, history_table, with_comparison, write_exports
 from ui.live import FrameThrottle, RunLook, dtype_of, final_status, hardware, live_status
 from ui.render_inspector import inspector_html
@@ -55,8 +55,16 @@ class Settings:
     max_new_tokens: int = 512  # the playground's cap (the engine allows more)
     refresh_s: float = 0.15  # at most this often: token stream, inspector, stats
     plot_refresh_s: float = 1.0  # at most this often, and only at block ends: the plotly charts (each redraw remounts)
+    frame_share: float = 0.1  # drawing a live run's frames takes at most about this share of its time (FrameThrottle)
     play_delay_s: float = 0.3  # replay animation, per frame
     export_max_age_s: float = 3600.0
+
+    def __post_init__(self):
+        negative = [f.name for f in dataclasses.fields(self) if getattr(self, f.name) < 0]
+        if negative:
+            raise ValueError(f"{negative[0]} must not be negative, got {getattr(self, negative[0])}")
+        if not 0.0 < self.frame_share <= 1.0:
+            raise ValueError(f"frame_share must be in (0, 1], got {self.frame_share}")
 
 
 def defaults(block_size: int = 16) -> dict[str, Any]:
@@ -156,10 +164,8 @@ class Playground:
     def _stream(self, engine: Engine, preset: str, request: Request, cancel: threading.Event) -> Iterator:
         if zero_gpu():  # the whole run recorded in the GPU worker; Stop cannot reach it, the deadline holds
             return gpu.recorded_stream(engine, (self._gpu_number, preset), request)
-        try:
-            return engine.stream(request, cancel, blocking=False)
-        except BusyError:  # only when something outside the queue uses the engine; wait for it
-            return engine.stream(request, cancel)
+        wait_until_free(engine, cancel, request.deadline_s)  # here: on the torch thread it would hold up the holder
+        return torch_thread.Steps(engine.stream(request, cancel, blocking=False))  # steps on the torch thread
 
     # -- generate ----------------------------------------------------------------------------------------------
     def generate(self, values: dict[str, Any], history: list | None, session: str) -> Iterator[dict[str, Any]]:
@@ -185,12 +191,9 @@ class Playground:
         events: list = [next(stream)]
         yield {"status": live_status(events), **view(events, look.show_rejected, hw=look.hw), "replay_label": ""}
         throttle = FrameThrottle(self.settings.refresh_s, self.settings.plot_refresh_s,
-                                 watch_steps=request.use_draft and request.diffusion_steps > 1)
-        for e in stream:
-            events.append(e)
-            redraw, charts = throttle.due(e)
-            if redraw:
-                yield live_frame(events, look, charts)
+                                 watch_steps=request.use_draft and request.diffusion_steps > 1,
+                                 max_share=self.settings.frame_share)
+        yield from throttle.frames(stream, events, lambda seen, charts: live_frame(seen, look, charts))
         return events
 
     def _finished_run(self, events: list, request: Request, preset: str, model: str, look: RunLook,
@@ -261,11 +264,10 @@ class Playground:
         """Yield the throughput chart (the runs `done` and this one) as this one runs, at commits, at most every
         plot_refresh_s; return its events."""
         events: list = [next(stream)]  # start the engine's generator at once (see _live)
-        throttle = FrameThrottle(self.settings.plot_refresh_s, self.settings.plot_refresh_s)
-        for e in stream:
-            events.append(e)
-            if throttle.due(e)[0]:
-                yield {"status": live_status(events, what), "throughput": plots.throughput_figure(*done, events)}
+        throttle = FrameThrottle(self.settings.plot_refresh_s, self.settings.plot_refresh_s,
+                                 max_share=self.settings.frame_share)
+        yield from throttle.frames(stream, events, lambda seen, _: {
+            "status": live_status(seen, what), "throughput": plots.throughput_figure(*done, seen)})
         return events
 
     def _compared(self, state: dict, trace: Trace, timed: list | None, base: list, history: list | None,

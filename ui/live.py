@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -48,24 +50,47 @@ def dtype_of(hardware_line: str) -> str:
 class FrameThrottle:
     """When a live run redraws: after a block's commit (the inspector then shows a whole block with its verdict),
     and after each denoising pass only when `watch_steps` (several passes to watch); at most every `refresh_s`.
-    The charts, whose every redraw remounts them, only at commits and at most every `plot_refresh_s`."""
+    The charts, whose every redraw remounts them, only at commits and at most every `plot_refresh_s`.
 
-    def __init__(self, refresh_s: float, plot_refresh_s: float, watch_steps: bool = False):
+    Drawing is not free: the engine waits while a frame is built and the server sends it (on a 2-core CPU ~35 ms,
+    most of it Gradio's own per-output work), which would cost a fast run a fifth of its speed. So the wait before
+    the next frame also stretches to `cost / max_share`, `cost` being the last frame's (`drawn`): drawing then takes
+    at most about `max_share` of the run, on any host. `clock` is injectable for tests."""
+
+    def __init__(self, refresh_s: float, plot_refresh_s: float, watch_steps: bool = False, max_share: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic):
         self.refresh_s, self.plot_refresh_s, self.watch_steps = refresh_s, plot_refresh_s, watch_steps
+        self.max_share, self._clock = max_share, clock
         self._last = self._last_plot = -math.inf  # the first commit is always drawn
+        self._cost = 0.0
 
     def due(self, e: ev.Event) -> tuple[bool, bool]:
         """(redraw after event `e`, with the charts)."""
         if not (isinstance(e, ev.Commit) or (self.watch_steps and isinstance(e, ev.DraftStep))):
             return False, False
-        now = time.monotonic()
-        if now - self._last < self.refresh_s:
+        now = self._clock()
+        if now - self._last < max(self.refresh_s, self._cost / self.max_share):
             return False, False
         self._last = now
         charts = isinstance(e, ev.Commit) and now - self._last_plot >= self.plot_refresh_s
         if charts:
             self._last_plot = now
         return True, charts
+
+    def drawn(self, cost_s: float) -> None:
+        """The frame just drawn took `cost_s` seconds of the run (from building it until the engine went on)."""
+        self._cost = cost_s
+
+    def frames(self, stream: Iterator[ev.Event], events: list, draw: Callable[[list, bool], Any]) -> Iterator[Any]:
+        """Append `stream`'s events to `events`; yield `draw(events, with_charts)` whenever a frame is due, timing
+        each frame from its building until the consumer asks for the next."""
+        for e in stream:
+            events.append(e)
+            redraw, charts = self.due(e)
+            if redraw:
+                start = self._clock()
+                yield draw(events, charts)
+                self.drawn(self._clock() - start)
 
 
 def live_status(events: list, what: str = "Generating") -> str:
