@@ -171,18 +171,26 @@ def _chosen(host: dict) -> str:
     return f"{host.get('dtype')}, {host.get('threads')} threads, {host.get('layout')}"
 
 
+def _within(d: dict, key: str) -> str:
+    """The ratio's 95 % interval over the run's prompts (not recorded before: nothing)."""
+    lo_hi = (d.get("intervals") or {}).get(key)
+    return f" (95 % interval over the prompts {lo_hi[0]:.2f}–{lo_hi[1]:.2f})" if lo_hi else ""
+
+
 def ar_verdicts() -> list[str]:
     out = []
     for name, d, host in _results("ar"):
         out.append(f"- {name}: the default ({_chosen(host)}) decodes at "
-                   f"**{d['default_vs_best_fixed']:.2f}×** the fastest fixed setting ({d['best_fixed']}) and "
-                   f"**{d['default_vs_hf_generate']:.2f}×** `hf-generate` in the same settings ({d['n_prompts']} "
+                   f"**{d['default_vs_best_fixed']:.2f}×**{_within(d, 'default_vs_best_fixed')} the fastest fixed "
+                   f"setting ({d['best_fixed']}) and **{d['default_vs_hf_generate']:.2f}×**"
+                   f"{_within(d, 'default_vs_hf_generate')} `hf-generate` in the same settings ({d['n_prompts']} "
                    f"MT-Bench prompts × {d['max_new_tokens']} tokens; the probe of that run took {host.get('probe_s')} s).")
         plain = d.get("host_no_draft")
         if plain and d.get("no_draft_default_vs_best_fixed"):
             out.append(f"  Loaded without the draft (plain decoding: probed on the one-token step alone) the engine "
                        f"chose {_chosen(plain)} ({plain['mode']}) and "
-                       f"decodes at **{d['no_draft_default_vs_best_fixed']:.2f}×** the fastest fixed setting."
+                       f"decodes at **{d['no_draft_default_vs_best_fixed']:.2f}×**"
+                       f"{_within(d, 'no_draft_default_vs_best_fixed')} the fastest fixed setting."
                        + _missed(plain, host, d["best_fixed"], d["no_draft_default_vs_best_fixed"]))
     return out
 
@@ -201,8 +209,9 @@ def _missed(plain: dict, host: dict, best_fixed: str, ratio: float) -> str:
 
 def dflash_verdicts() -> list[str]:
     return [f"- {name}: DFlash in the default settings ({_chosen(host)}, {host.get('mode')}) runs at "
-            f"**{d['default_vs_best_fixed']:.2f}×** the fastest fixed setting ({d['best_fixed']}) and "
-            f"**{d['default_vs_ar']:.2f}×** `ar` in the same settings ({d['n_prompts']} MT-Bench prompts × "
+            f"**{d['default_vs_best_fixed']:.2f}×**{_within(d, 'default_vs_best_fixed')} the fastest fixed setting "
+            f"({d['best_fixed']}) and **{d['default_vs_ar']:.2f}×**{_within(d, 'default_vs_ar')} `ar` in the same "
+            f"settings ({d['n_prompts']} MT-Bench prompts × "
             f"{d['max_new_tokens']} tokens)." for name, d, host in _results("dflash")]
 
 
@@ -239,6 +248,10 @@ def table() -> None:
         *method_rows("ar"),
         "",
         *ar_verdicts(),
+        "",
+        "A ratio's 95 % interval (where a run recorded one) is the central 95 % of the ratio over 2,000 "
+        "bootstrap resamples of the run's prompts, each prompt keeping all of its runs: how far that many prompts "
+        "resolve the ratio on a machine whose speed drifts from minute to minute.",
         "",
         "DFlash (the shipped draft, the default block policy) in the default settings against every fixed setting, "
         "and `ar` in the default settings, interleaved in one process (decode tokens/s; recorded from probe version "

@@ -286,8 +286,27 @@ def test_settings_profile_runs_every_fixed_setting_against_the_default(bench_dir
     assert res["default_vs_hf_generate"] == pytest.approx(1 / rows["hf-generate"]["vs_default"], abs=5e-3)
     plain = rows["default, no draft"]["tokens_per_s"] / rows[best]["tokens_per_s"]
     assert res["no_draft_default_vs_best_fixed"] == pytest.approx(plain, abs=2e-3)
+    # Two prompts: the interval's ends are the two prompts' own ratios, and the pooled ratio lies between them.
+    assert set(res["intervals"]) == {"default_vs_best_fixed", "default_vs_hf_generate", "no_draft_default_vs_best_fixed"}
+    for key, (lo, hi) in res["intervals"].items():
+        assert lo - 2e-3 <= res[key] <= hi + 2e-3, key
     assert profile_main(["settings", "--target", str(d / "target"), "--limit", "0"]) == 2
     assert "limit: must be in [1, 1000]" in capsys.readouterr().err
+
+
+def test_a_rate_ratio_interval_comes_from_resampling_the_prompts():
+    from dflash.bench.settings import rate_ratio_interval
+
+    a = [(60, 3000.0), (64, 2900.0), (50, 2600.0), (64, 3300.0), (40, 2000.0)]
+    assert rate_ratio_interval(a, a) == pytest.approx((1.0, 1.0))
+    half = [(t, 2 * ms) for t, ms in a]  # half the rate on every prompt
+    assert rate_ratio_interval(half, a) == pytest.approx((0.5, 0.5))
+    noisy = [(t, ms * f) for (t, ms), f in zip(a, (0.9, 1.1, 1.0, 0.95, 1.2))]
+    lo, hi = rate_ratio_interval(a, noisy)
+    pooled = (sum(t for t, _ in a) / sum(m for _, m in a)) / (sum(t for t, _ in noisy) / sum(m for _, m in noisy))
+    assert lo < pooled < hi and 0.85 < lo and hi < 1.15
+    assert rate_ratio_interval(a, noisy) == (lo, hi)  # seeded: the same interval every time
+    assert rate_ratio_interval(a, noisy, level=0.5)[1] - rate_ratio_interval(a, noisy, level=0.5)[0] < hi - lo
 
 
 def test_settings_profile_runs_dflash_in_every_fixed_setting(bench_dir, capsys):

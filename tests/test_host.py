@@ -140,3 +140,24 @@ def test_the_recording_script_names_a_bad_part_and_exits_2():
     script = Path(__file__).resolve().parent.parent / "scripts" / "host_settings.py"
     run = subprocess.run([sys.executable, str(script), "record", "--only", "probe,nope"], capture_output=True, text=True)
     assert run.returncode == 2 and "--only" in run.stderr and "'probe,nope'" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_the_tables_verdicts_give_each_ratio_with_its_interval_over_the_prompts(tmp_path, monkeypatch):
+    """BENCHMARKS.md's verdicts come from the recorded `profile settings` runs: with the interval where the run
+    recorded one, without where it did not (older runs)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("host_settings", Path(__file__).resolve().parent.parent / "scripts" / "host_settings.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(script, "OUT", tmp_path)
+    host = {"dtype": "bfloat16", "threads": 2, "layout": "linear", "probe_s": 3.9, "mode": "fast"}
+    result = {"host": host, "n_prompts": 10, "max_new_tokens": 64, "best_fixed": "bfloat16, 2 threads, linear",
+              "default_vs_best_fixed": 0.94, "default_vs_hf_generate": 0.95,
+              "intervals": {"default_vs_best_fixed": [0.88, 1.01], "default_vs_hf_generate": [0.9, 1.0]}}
+    (tmp_path / "some-cpu-ar.json").write_text(json.dumps({"result": result}))
+    (tmp_path / "older-cpu-ar.json").write_text(json.dumps({"result": {**result, "intervals": {}}}))
+    new, old = sorted(script.ar_verdicts(), key=lambda line: "some-cpu" not in line)
+    assert ("**0.94×** (95 % interval over the prompts 0.88–1.01) the fastest fixed setting" in new
+            and "**0.95×** (95 % interval over the prompts 0.90–1.00) `hf-generate`" in new)
+    assert "**0.94×** the fastest fixed setting" in old and "interval" not in old

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import random
 import statistics
 from dataclasses import dataclass
 
@@ -63,6 +64,7 @@ def measure(engine: Engine, items: list[PromptItem], settings: list[Setting], ma
     ms = {s.name: 0.0 for s in settings}
     same = {s.name: 0 for s in settings}
     ttft: dict[str, list[float]] = {s.name: [] for s in settings}  # the prompt's prefill + first token
+    runs: dict[str, list[tuple[int, float]]] = {s.name: [] for s in settings}  # (decode tokens, ms) per prompt
     try:
         for s in settings:  # warm-up: first-call allocations and packing, untimed
             torch.set_num_threads(s.threads)
@@ -76,16 +78,38 @@ def measure(engine: Engine, items: list[PromptItem], settings: list[Setting], ma
                 tokens[s.name] += out.decode_tokens
                 ms[s.name] += out.decode_ms
                 ttft[s.name].append(out.ttft_ms)
+                runs[s.name].append((out.decode_tokens, out.decode_ms))
                 outputs[s.name] = out.output_ids
             for name, ids in outputs.items():
                 same[name] += ids == outputs["default"]
     finally:
         torch.set_num_threads(before)
-    return summarize(settings, tokens, ms, same, len(items), ttft)
+    return summarize(settings, tokens, ms, same, len(items), ttft, runs)
+
+
+def rate_ratio_interval(a: list[tuple[int, float]], b: list[tuple[int, float]], level: float = 0.95,
+                        resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """How far the decode-rate ratio of runs `a` to runs `b` ((tokens, ms) per prompt, the same prompts in the same
+    order) is resolved by these prompts: the central `level` interval of the ratio over bootstrap resamples of the
+    prompts (each resample keeps a prompt's two runs together)."""
+    rng = random.Random(seed)
+    n = len(a)
+    ratios = []
+    for _ in range(resamples):
+        pick = [rng.randrange(n) for _ in range(n)]
+        ta, ma = sum(a[i][0] for i in pick), sum(a[i][1] for i in pick)
+        tb, mb = sum(b[i][0] for i in pick), sum(b[i][1] for i in pick)
+        if ma > 0 and mb > 0 and tb > 0:
+            ratios.append((ta / ma) / (tb / mb))
+    ratios.sort()
+    if not ratios:
+        return 0.0, 0.0
+    cut = (1 - level) / 2
+    return ratios[int(cut * (len(ratios) - 1))], ratios[round((1 - cut) * (len(ratios) - 1))]
 
 
 def summarize(settings: list[Setting], tokens: dict, ms: dict, same: dict, n_prompts: int,
-              ttft: dict[str, list[float]] | None = None) -> dict:
+              ttft: dict[str, list[float]] | None = None, runs: dict[str, list[tuple[int, float]]] | None = None) -> dict:
     rate = {n: tokens[n] / (ms[n] / 1000) if ms[n] > 0 else 0.0 for n in tokens}
     fixed = [s.name for s in settings if s.name not in DEFAULTS]
     best = max(fixed, key=lambda n: rate[n])
@@ -101,7 +125,23 @@ def summarize(settings: list[Setting], tokens: dict, ms: dict, same: dict, n_pro
             "default_vs_hf_generate": round(rate["default"] / rate["hf-generate"], 3) if rate.get("hf-generate")
             else None,
             "default_vs_ar": round(rate["default"] / rate["default, ar"], 3) if rate.get("default, ar") else None,
-            "no_draft_default_vs_best_fixed": round(plain / rate[best], 3) if plain and rate[best] else None}
+            "no_draft_default_vs_best_fixed": round(plain / rate[best], 3) if plain and rate[best] else None,
+            "intervals": _intervals(runs, best) if runs and n_prompts > 1 else {}}
+
+
+# Each ratio of the summary: (its numerator's row, its denominator's row).
+RATIOS = {"default_vs_best_fixed": ("default", None), "default_vs_hf_generate": ("default", "hf-generate"),
+          "default_vs_ar": ("default", "default, ar"), "no_draft_default_vs_best_fixed": ("default, no draft", None)}
+
+
+def _intervals(runs: dict[str, list[tuple[int, float]]], best: str) -> dict[str, list[float]]:
+    """The 95 % bootstrap interval over prompts of every ratio the summary gives (None: the fastest fixed setting)."""
+    out = {}
+    for key, (num, den) in RATIOS.items():
+        den = den or best
+        if runs.get(num) and runs.get(den):
+            out[key] = [round(x, 3) for x in rate_ratio_interval(runs[num], runs[den])]
+    return out
 
 
 def profile_settings(args) -> dict:
