@@ -5,8 +5,8 @@ threads of its own. A server that loads the model on its main thread and runs re
 ends up with several teams, more OpenMP threads than cores on a small host, and GNU OpenMP then stops spinning
 between parallel regions and wakes its threads through the kernel at every one. Measured on a 2-core host: a
 200 k-element add took 46 µs instead of 29 µs while a second team lived, the default models' verify forward 88 ms
-instead of 74 ms, and the playground streamed ~15 % slower than the same run on one thread
-(tests/test_ui_torch_thread.py checks the one-team property). Keeping all of it on one thread keeps one team.
+instead of 74 ms, and the playground streamed ~15 % slower than the same run on one thread. Keeping all of
+it on one thread keeps one team (tests/test_app_api.py checks that every forward of a request runs here).
 
 A call made from the torch thread itself runs inline, so nested calls cannot wait on themselves. Nothing that
 waits for another request (a lock held by another run) may run here: it would hold up the run it waits for.

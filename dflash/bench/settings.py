@@ -113,35 +113,25 @@ def summarize(settings: list[Setting], tokens: dict, ms: dict, same: dict, n_pro
     rate = {n: tokens[n] / (ms[n] / 1000) if ms[n] > 0 else 0.0 for n in tokens}
     fixed = [s.name for s in settings if s.name not in DEFAULTS]
     best = max(fixed, key=lambda n: rate[n])
-    plain = rate.get("default, no draft")
     rows = [{"setting": s.name, "method": s.method, "threads": s.threads, "decode_tokens": tokens[s.name],
              "decode_ms": round(ms[s.name], 1), "tokens_per_s": round(rate[s.name], 2),
              "vs_default": round(rate[s.name] / rate["default"], 3) if rate["default"] else None,
              "same_output_as_default": same[s.name],
              "ttft_ms_median": round(statistics.median(ttft[s.name]), 1) if ttft and ttft[s.name] else None}
             for s in settings]
-    return {"n_prompts": n_prompts, "rows": rows, "best_fixed": best,
-            "default_vs_best_fixed": round(rate["default"] / rate[best], 3) if rate[best] else None,
-            "default_vs_hf_generate": round(rate["default"] / rate["hf-generate"], 3) if rate.get("hf-generate")
-            else None,
-            "default_vs_ar": round(rate["default"] / rate["default, ar"], 3) if rate.get("default, ar") else None,
-            "no_draft_default_vs_best_fixed": round(plain / rate[best], 3) if plain and rate[best] else None,
-            "intervals": _intervals(runs, best) if runs and n_prompts > 1 else {}}
+    pairs = {key: (num, den or best) for key, (num, den) in RATIOS.items()}
+    ratios = {key: round(rate[num] / rate[den], 3) if rate.get(num) and rate.get(den) else None
+              for key, (num, den) in pairs.items()}
+    intervals = ({key: [round(x, 3) for x in rate_ratio_interval(runs[num], runs[den])]
+                  for key, (num, den) in pairs.items() if runs.get(num) and runs.get(den)}
+                 if runs and n_prompts > 1 else {})
+    return {"n_prompts": n_prompts, "rows": rows, "best_fixed": best, **ratios, "intervals": intervals}
 
 
-# Each ratio of the summary: (its numerator's row, its denominator's row).
+# Each ratio of the summary (and its 95 % interval over the prompts): (its numerator's row, its denominator's row;
+# None: the fastest fixed setting).
 RATIOS = {"default_vs_best_fixed": ("default", None), "default_vs_hf_generate": ("default", "hf-generate"),
           "default_vs_ar": ("default", "default, ar"), "no_draft_default_vs_best_fixed": ("default, no draft", None)}
-
-
-def _intervals(runs: dict[str, list[tuple[int, float]]], best: str) -> dict[str, list[float]]:
-    """The 95 % bootstrap interval over prompts of every ratio the summary gives (None: the fastest fixed setting)."""
-    out = {}
-    for key, (num, den) in RATIOS.items():
-        den = den or best
-        if runs.get(num) and runs.get(den):
-            out[key] = [round(x, 3) for x in rate_ratio_interval(runs[num], runs[den])]
-    return out
 
 
 def profile_settings(args) -> dict:
