@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The default draft's training campaign, stage by stage; every stage resumes where it stopped.
-#   bash scripts/train_default_draft.sh data|data-later|data-long|data-later-long|ablate|fit|warm|ablate-depth|deep|curve|curve-warm|curve-deep|plot|
+#   bash scripts/train_default_draft.sh data|data-later|data-long|data-later-long|ablate|fit|warm|ablate-depth|ablate-scratch|deep|curve|curve-warm|curve-deep|plot|
 #                                       collect|eval|report
 # Run one stage at a time with nothing else heavy on the machine (2 cores: a parallel job slows both 5-10x).
 # Long stages: nohup bash scripts/train_default_draft.sh fit > runs/fit.log 2>&1 &
@@ -47,6 +47,13 @@ case "${1:-}" in
       $PY scripts/training_curve.py --run runs/deep$L --after runs/onpolicy,runs/warm --out "$RES/deep$L/curve.jsonl" \
         --label deep$L "${CURVE[@]}" --steps "${STOP_AT:-1500}"
     done ;;
+  ablate-scratch)  # depth from random weights: 2 layers against 1 (a control), the `fit` recipe and schedule on the first
+                   # 128 shards of data/tf1 (4 length-sorting windows), both stopped at STOP_AT; τ at 1000 and STOP_AT
+    for L in 2 1; do
+      $PY -m dflash train fit "${FIT[@]}" --layers $L --onpolicy-blocks 1 --out runs/scratch$L --stop-at "${STOP_AT:-2000}"
+      $PY scripts/training_curve.py --run runs/scratch$L --out "$RES/scratch$L/curve.jsonl" --label scratch$L "${CURVE[@]}" \
+        --steps "1000,${STOP_AT:-2000}"
+    done ;;
   deep)  # env: RUN, LAYERS, LAYER_IDS (fused target layers; 29, the last, is read from the stored final states),
          #      BLOCK (training block size), ANCHORS, LR, KL (weight of the KL term), DEEP_STEPS, DATA, STOP_AT
     $PY -m dflash train fit --data "${DATA:-data/tf1,data/tf-later}" --init-from runs/warm --layers "${LAYERS:-2}" \
@@ -72,13 +79,13 @@ case "${1:-}" in
     "${E[@]}" --prompts humaneval --limit 80 --max-new-tokens 128 --no-baseline --output $RES/eval-humaneval.json
     "${E[@]}" --prompts mt-bench --limit 12 --max-new-tokens 64 --temperature 0.7 --output $RES/eval-mtbench-t0.7.json ;;
   collect)  # the logs TRAINING.md is generated from, and the chosen draft into assets/
-    for r in tf-all onpolicy warm deep1 deep2 lowlr block4 kl last; do
+    for r in tf-all onpolicy warm deep1 deep2 lowlr block4 kl last scratch1 scratch2; do
       [ -d runs/$r ] || continue
       mkdir -p $RES/$r && cp runs/$r/runs.jsonl $RES/$r/ && gzip -c runs/$r/train_log.jsonl > $RES/$r/train_log.jsonl.gz
     done
     cp runs/${RUN:-warm}/{config.json,model.safetensors,draft_vocab.safetensors} assets/draft-smollm2-135m/ ;;
   report)
     $PY scripts/training_report.py ;;
-  *) echo "usage: $0 data|data-later|data-long|data-later-long|ablate|fit|warm|ablate-depth|deep|curve|curve-warm|curve-deep|plot|collect|eval|report" >&2
+  *) echo "usage: $0 data|data-later|data-long|data-later-long|ablate|fit|warm|ablate-depth|ablate-scratch|deep|curve|curve-warm|curve-deep|plot|collect|eval|report" >&2
      exit 2 ;;
 esac
