@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The default draft's training campaign, stage by stage; every stage resumes where it stopped.
-#   bash scripts/train_default_draft.sh data|data-later|data-long|data-later-long|ablate|fit|warm|ablate-depth|ablate-scratch|deep|curve|curve-warm|curve-deep|plot|
+#   bash scripts/train_default_draft.sh data|data-later|data-long|data-later-long|ablate|fit|warm|ablate-depth|ablate-scratch|ablate-gamma|deep|curve|curve-warm|curve-deep|plot|
 #                                       collect|eval|report
 # Run one stage at a time with nothing else heavy on the machine (2 cores: a parallel job slows both 5-10x).
 # Long stages: nohup bash scripts/train_default_draft.sh fit > runs/fit.log 2>&1 &
@@ -54,6 +54,12 @@ case "${1:-}" in
       $PY scripts/training_curve.py --run runs/scratch$L --out "$RES/scratch$L/curve.jsonl" --label scratch$L "${CURVE[@]}" \
         --steps "1000,${STOP_AT:-2000}"
     done ;;
+  ablate-gamma)  # position weights exp(-(k-1)/GAMMA) (default 1: the loss on the first drafted positions) against the
+                 # `scratch1` control (γ 4): 1 layer from random weights, the same shards, batches and schedule
+    G=${GAMMA:-1}
+    $PY -m dflash train fit "${FIT[@]}" --gamma "$G" --onpolicy-blocks 1 --out "runs/gamma$G" --stop-at "${STOP_AT:-2000}"
+    $PY scripts/training_curve.py --run "runs/gamma$G" --out "$RES/gamma$G/curve.jsonl" --label "gamma$G" "${CURVE[@]}" \
+      --steps "1000,${STOP_AT:-2000}" ;;
   deep)  # env: RUN, LAYERS, LAYER_IDS (fused target layers; 29, the last, is read from the stored final states),
          #      BLOCK (training block size), ANCHORS, LR, KL (weight of the KL term), DEEP_STEPS, DATA, STOP_AT
     $PY -m dflash train fit --data "${DATA:-data/tf1,data/tf-later}" --init-from runs/warm --layers "${LAYERS:-2}" \
@@ -79,13 +85,13 @@ case "${1:-}" in
     "${E[@]}" --prompts humaneval --limit 80 --max-new-tokens 128 --no-baseline --output $RES/eval-humaneval.json
     "${E[@]}" --prompts mt-bench --limit 12 --max-new-tokens 64 --temperature 0.7 --output $RES/eval-mtbench-t0.7.json ;;
   collect)  # the logs TRAINING.md is generated from, and the chosen draft into assets/
-    for r in tf-all onpolicy warm deep1 deep2 lowlr block4 kl last scratch1 scratch2; do
+    for r in tf-all onpolicy warm deep1 deep2 lowlr block4 kl last scratch1 scratch2 gamma1; do
       [ -d runs/$r ] || continue
       mkdir -p $RES/$r && cp runs/$r/runs.jsonl $RES/$r/ && gzip -c runs/$r/train_log.jsonl > $RES/$r/train_log.jsonl.gz
     done
     cp runs/${RUN:-warm}/{config.json,model.safetensors,draft_vocab.safetensors} assets/draft-smollm2-135m/ ;;
   report)
     $PY scripts/training_report.py ;;
-  *) echo "usage: $0 data|data-later|data-long|data-later-long|ablate|fit|warm|ablate-depth|ablate-scratch|deep|curve|curve-warm|curve-deep|plot|collect|eval|report" >&2
+  *) echo "usage: $0 data|data-later|data-long|data-later-long|ablate|fit|warm|ablate-depth|ablate-scratch|ablate-gamma|deep|curve|curve-warm|curve-deep|plot|collect|eval|report" >&2
      exit 2 ;;
 esac
