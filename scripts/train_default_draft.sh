@@ -15,6 +15,17 @@ FIT=(--data data/tf1 --layers 1 --layer-ids 1,15,27 --block-size 8 --steps "$STE
      --ckpt-every 500 --eval-every 500 --snapshot-base 250)
 CURVE=(--prompts sharegpt-heldout --limit 16 --max-new-tokens 64 --threads "$THREADS")
 
+# The from-scratch ablations (`scratch1`, `scratch2`, `gamma1`) ran on the first 128 shards of data/tf1 (4 length-sorting
+# windows: stop `data` there); the same shards, hence the same batches and held-out shard, make them comparable.
+scratch_run() {  # NAME FIT-ARGS...: the `fit` recipe from random weights, stopped at STOP_AT, then its τ curve
+  local name=$1; shift
+  local n; n=$(find data/tf1 -name 'shard_*.safetensors' | wc -l)
+  [ "$n" -eq 128 ] || { echo "$name: needs exactly the first 128 shards of data/tf1 (found $n)" >&2; exit 2; }
+  $PY -m dflash train fit "${FIT[@]}" "$@" --onpolicy-blocks 1 --out "runs/$name" --stop-at "${STOP_AT:-2000}"
+  $PY scripts/training_curve.py --run "runs/$name" --out "$RES/$name/curve.jsonl" --label "$name" "${CURVE[@]}" \
+    --steps "1000,${STOP_AT:-2000}"
+}
+
 case "${1:-}" in
   data)  # teacher-forced data: ShareGPT replies through the target once, labels = its own predictions
     $PY -m dflash train data-tf --out data/tf1 --conversations 30000 --layers 1,15,27 --batch-size 16 --threads "$THREADS" ;;
@@ -47,19 +58,12 @@ case "${1:-}" in
       $PY scripts/training_curve.py --run runs/deep$L --after runs/onpolicy,runs/warm --out "$RES/deep$L/curve.jsonl" \
         --label deep$L "${CURVE[@]}" --steps "${STOP_AT:-1500}"
     done ;;
-  ablate-scratch)  # depth from random weights: 2 layers against 1 (a control), the `fit` recipe and schedule on the first
-                   # 128 shards of data/tf1 (4 length-sorting windows), both stopped at STOP_AT; τ at 1000 and STOP_AT
-    for L in 2 1; do
-      $PY -m dflash train fit "${FIT[@]}" --layers $L --onpolicy-blocks 1 --out runs/scratch$L --stop-at "${STOP_AT:-2000}"
-      $PY scripts/training_curve.py --run runs/scratch$L --out "$RES/scratch$L/curve.jsonl" --label scratch$L "${CURVE[@]}" \
-        --steps "1000,${STOP_AT:-2000}"
-    done ;;
+  ablate-scratch)  # depth from random weights: 2 layers against 1 (a control), the `fit` recipe and schedule, stopped at
+                   # STOP_AT; τ at 1000 and STOP_AT
+    for L in 2 1; do scratch_run "scratch$L" --layers "$L"; done ;;
   ablate-gamma)  # position weights exp(-(k-1)/GAMMA) (default 1: the loss on the first drafted positions) against the
-                 # `scratch1` control (γ 4): 1 layer from random weights, the same shards, batches and schedule
-    G=${GAMMA:-1}
-    $PY -m dflash train fit "${FIT[@]}" --gamma "$G" --onpolicy-blocks 1 --out "runs/gamma$G" --stop-at "${STOP_AT:-2000}"
-    $PY scripts/training_curve.py --run "runs/gamma$G" --out "$RES/gamma$G/curve.jsonl" --label "gamma$G" "${CURVE[@]}" \
-      --steps "1000,${STOP_AT:-2000}" ;;
+                 # `scratch1` control (γ 4): otherwise the same run
+    scratch_run "gamma${GAMMA:-1}" --gamma "${GAMMA:-1}" ;;
   deep)  # env: RUN, LAYERS, LAYER_IDS (fused target layers; 29, the last, is read from the stored final states),
          #      BLOCK (training block size), ANCHORS, LR, KL (weight of the KL term), DEEP_STEPS, DATA, STOP_AT
     $PY -m dflash train fit --data "${DATA:-data/tf1,data/tf-later}" --init-from runs/warm --layers "${LAYERS:-2}" \
