@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The default draft's training campaign, stage by stage; every stage resumes where it stopped.
 #   bash scripts/train_default_draft.sh data|data-later|data-long|data-later-long|ablate|fit|warm|ablate-depth|ablate-scratch|ablate-gamma|deep|curve|curve-warm|curve-deep|plot|
-#                                       collect|eval|report
+#                                       copy-gap|collect|eval|report
 # Run one stage at a time with nothing else heavy on the machine (2 cores: a parallel job slows both 5-10x).
 # Long stages: nohup bash scripts/train_default_draft.sh fit > runs/fit.log 2>&1 &
 set -euo pipefail
@@ -94,8 +94,13 @@ case "${1:-}" in
       mkdir -p $RES/$r && cp runs/$r/runs.jsonl $RES/$r/ && gzip -c runs/$r/train_log.jsonl > $RES/$r/train_log.jsonl.gz
     done
     cp runs/${RUN:-warm}/{config.json,model.safetensors,draft_vocab.safetensors} assets/draft-smollm2-135m/ ;;
+  copy-gap)  # each draft's first proposal against copying from the context (TRAINING.md: "Where the first proposal fails")
+    drafts=(--draft shipped=assets/draft-smollm2-135m)
+    for r in scratch1 scratch2; do for s in 2000 4000; do drafts+=(--draft "$r@$s=runs/$r/snapshots/step_00$s"); done; done
+    $PY scripts/copy_gap.py --out $RES/copy-gap.jsonl "${CURVE[@]}" "${drafts[@]}"
+    $PY scripts/lookup_first.py --out $RES/lookup-first.jsonl "${CURVE[@]}" ;;  # what copying would add (float32)
   report)
     $PY scripts/training_report.py ;;
-  *) echo "usage: $0 data|data-later|data-long|data-later-long|ablate|fit|warm|ablate-depth|ablate-scratch|ablate-gamma|deep|curve|curve-warm|curve-deep|plot|collect|eval|report" >&2
+  *) echo "usage: $0 data|data-later|data-long|data-later-long|ablate|fit|warm|ablate-depth|ablate-scratch|ablate-gamma|deep|curve|curve-warm|curve-deep|plot|copy-gap|collect|eval|report" >&2
      exit 2 ;;
 esac

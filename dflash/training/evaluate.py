@@ -15,7 +15,7 @@ from dflash.request import Request
 from dflash.stats import speedup
 
 
-def _request(prompt: str | Sequence[int], **kw) -> Request:
+def prompt_request(prompt: str | Sequence[int], **kw) -> Request:
     """A text prompt (chat template applied by the engine) or token ids as they are."""
     return Request(prompt=prompt, **kw) if isinstance(prompt, str) else Request(prompt_ids=tuple(prompt), **kw)
 
@@ -36,14 +36,14 @@ def evaluate_draft(engine: Engine, prompts: Iterable[str | Sequence[int]], max_n
               seed=seed, adaptive="fixed")
     prompts = list(prompts)
     if prompts:  # warm-up: first-call allocations are not timed
-        engine.generate(_request(prompts[0], max_new_tokens=4))
+        engine.generate(prompt_request(prompts[0], max_new_tokens=4))
     rows = []
     for prompt in prompts:
-        d = engine.generate(_request(prompt, **kw))
+        d = engine.generate(prompt_request(prompt, **kw))
         row = {"tau": d.stats["tau"], "lengths": d.stats["acceptance_lengths"], "n": d.stats["n_output_tokens"],
                "ms_per_token": _per_token_ms(d.stats)}
         if baseline:
-            a = engine.generate(_request(prompt, use_draft=False, **kw))
+            a = engine.generate(prompt_request(prompt, use_draft=False, **kw))
             row.update(ar_n=a.stats["n_output_tokens"], ar_ms_per_token=_per_token_ms(a.stats),
                        identical=a.output_ids == d.output_ids)
         rows.append(row)
