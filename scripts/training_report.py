@@ -9,6 +9,7 @@ Every number in TRAINING.md comes from these files (nothing is typed by hand):
   <run>/curve.jsonl              real-loop τ at the log-spaced snapshots (scripts/training_curve.py)
   eval-*.json                    `train eval --output` (real loop, interleaved with the no-draft loop)
   copy-gap.jsonl                 first drafted position against copying from the context (scripts/copy_gap.py)
+  lookup-first.jsonl             the shipped draft with copying first (scripts/lookup_first.py)
 The shipped draft comes from the runs named in results/training/shipped.json ({"lineage": [first run, warm-started
 run, ...], "also": [runs on the τ curve that were not shipped], "ablations": [...]}; an older file names one "run").
 """
@@ -32,6 +33,11 @@ def jsonl(path: Path) -> list[dict]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
         return [json.loads(x) for x in f if x.strip()]
+
+
+def optional_jsonl(path: Path) -> list[dict]:
+    """`jsonl`, or no rows for a measurement not made yet."""
+    return jsonl(path) if path.is_file() else []
 
 
 def data_logs() -> list[tuple[str, tuple[str, str, str, str], str]]:
@@ -152,7 +158,7 @@ def copy_gap_text(shipped: dict) -> str:
     (scripts/lookup_first.py), with the commands that measured them."""
     from dflash.training.copy_gap import markdown_table
 
-    rows = jsonl(RES / "copy-gap.jsonl") if (RES / "copy-gap.jsonl").is_file() else []
+    rows = optional_jsonl(RES / "copy-gap.jsonl")
     if not rows:
         return "Not measured yet."
     dtypes = ", ".join(sorted({r.get("dtype", "?") for r in rows}))
@@ -164,12 +170,11 @@ def copy_gap_text(shipped: dict) -> str:
                  f"there copying proposes the target's next token **{b['copy']:.0%}** of the time and the draft "
                  f"**{b['draft']:.0%}**. Over all blocks copying alone is right {a['copy']:.0%} of the time, the draft "
                  f"{a['draft']:.0%}, one or the other {a['either']:.0%}.")
-    for r in jsonl(RES / "lookup-first.jsonl") if (RES / "lookup-first.jsonl").is_file() else []:
+    for r in optional_jsonl(RES / "lookup-first.jsonl"):
         d, lf = r["dflash"], r["lookup-first"]
         text += (f"\n\nLookup first ({r['prompts']}, {r['limit']} prompts × {r['max_new_tokens']} tokens, {r['dtype']}, "
-                 f"{r['threads']} threads, a fixed block of 8, interleaved with the no-draft loop; {r['copied_blocks']} blocks "
-                 f"copied): τ **{lf['tau']:.2f}** and "
-                 f"**{lf['speedup_vs_ar']:.2f}×** the no-draft loop, against the draft alone's τ {d['tau']:.2f} and "
+                 f"{r['threads']} threads, the draft's block size, fixed, interleaved with the no-draft loop; "
+                 f"{r['copied_blocks']} blocks copied): τ **{lf['tau']:.2f}** and **{lf['speedup_vs_ar']:.2f}×** the no-draft loop, against the draft alone's τ {d['tau']:.2f} and "
                  f"{d['speedup_vs_ar']:.2f}×; outputs identical to the no-draft loop: {lf['identical']}/{r['limit']} "
                  f"and {d['identical']}/{r['limit']}.")
     cmds = shipped.get("copy_gap_commands", [])
@@ -281,7 +286,8 @@ def main() -> None:
         vocab=starts[0]["draft_vocab"], cfg=json.dumps({k: v for k, v in cfg.items() if k not in ("data", "out")}),
         fit_cmd="\n    ".join(fit_cmds), curve_table="\n".join(curve_rows(runs + also, tuple(also))), curve_cmd="\n    ".join(
             shipped.get("curve_commands") or [shipped.get("curve_command", "")]),
-        ablation_sections=ablation_sections(shipped), copy_gap=copy_gap_text(shipped), budget=budget_text(), layers=cfg["layers"],
+        ablation_sections=ablation_sections(shipped), copy_gap=copy_gap_text(shipped), budget=budget_text(),
+        layers=cfg["layers"],
         eval_table="\n".join(ev_rows), eval_cmds="\n".join(f"    {c}" for c in shipped.get("eval_commands", [])),
         cpu=machine["cpu_model"], flags=flags, torch=machine["torch"], threads=cfg.get("threads"),
         s_per_step=seconds / steps, verdict=verdict(ev),

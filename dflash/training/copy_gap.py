@@ -16,7 +16,7 @@ from dflash.engine import Engine
 from dflash.events import Finished, Started, Verify
 from dflash.training.evaluate import prompt_request
 
-KINDS = ("bigram", "unigram", "none")  # what the context holds for the anchor: see `copy_candidate`
+KINDS = ("bigram", "unigram", "none")  # what the context holds for the anchor: see `copy_match`
 
 
 def copy_match(tokens: Sequence[int]) -> tuple[str, int | None]:
