@@ -174,7 +174,8 @@ def copy_gap_text(shipped: dict) -> str:
         d, lf = r["dflash"], r["lookup-first"]
         text += (f"\n\nLookup first ({r['prompts']}, {r['limit']} prompts × {r['max_new_tokens']} tokens, {r['dtype']}, "
                  f"{r['threads']} threads, the draft's block size, fixed, interleaved with the no-draft loop; "
-                 f"{r['copied_blocks']} blocks copied): τ **{lf['tau']:.2f}** and **{lf['speedup_vs_ar']:.2f}×** the no-draft loop, against the draft alone's τ {d['tau']:.2f} and "
+                 f"{r['copied_blocks']} blocks copied): τ **{lf['tau']:.2f}** and **{lf['speedup_vs_ar']:.2f}×** the no-draft "
+                 f"loop, against the draft alone's τ {d['tau']:.2f} and "
                  f"{d['speedup_vs_ar']:.2f}×; outputs identical to the no-draft loop: {lf['identical']}/{r['limit']} "
                  f"and {d['identical']}/{r['limit']}.")
     cmds = shipped.get("copy_gap_commands", [])
