@@ -30,6 +30,7 @@ class DFlashConfig:
     # auto | fixed | slow-start | cost; None: slow-start if max_block_size > block_size, else auto
     adaptive: str | None = None
     verify: str = "match"
+    lookup_ngram: int = 0  # > 0: copy from the context first where the last n tokens recur (lossless)
     dtype: str | None = None
     device: str | None = None
 
@@ -49,7 +50,8 @@ class DFlashConfig:
     def request(self, **kw: Any) -> Request:
         return Request(block_size=self.block_size, max_block_size=self.max_block_size, min_block_size=self.min_block_size,
                        diffusion_steps=self.diffusion_steps, confidence_threshold=self.confidence_threshold,
-                       acceptance_threshold=self.acceptance_threshold, adaptive=self.policy(), verify=self.verify, **kw)
+                       acceptance_threshold=self.acceptance_threshold, adaptive=self.policy(), verify=self.verify,
+                       lookup_ngram=self.lookup_ngram, **kw)
 
 
 class DFlashModel:

@@ -50,6 +50,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-block-size", type=int, default=2)
     g.add_argument("--max-block-size", type=int)
     g.add_argument("--acceptance-threshold", type=float, default=1.0, help="1.0 = exact; < 1 relaxed and LOSSY")
+    g.add_argument("--lookup-ngram", type=int, default=0, metavar="N",
+                   help="copy from the context first: where the last N tokens occurred earlier, propose what followed "
+                        "them instead of running the draft (lossless; 0 = off; 2 is a good start)")
     g.add_argument("--deadline", type=float, default=600.0, help="wall-clock limit per request, seconds")
 
 
@@ -59,7 +62,7 @@ def request_kwargs(args: argparse.Namespace) -> dict:
                 seed=args.seed, use_draft=not args.no_draft, block_size=args.block_size, diffusion_steps=args.steps,
                 confidence_threshold=args.confidence_threshold, acceptance_threshold=args.acceptance_threshold,
                 adaptive=args.adaptive, min_block_size=args.min_block_size, max_block_size=args.max_block_size,
-                verify=args.verify, deadline_s=args.deadline)
+                verify=args.verify, deadline_s=args.deadline, lookup_ngram=args.lookup_ngram)
 
 
 def check_model_args(args: argparse.Namespace) -> None:
@@ -132,6 +135,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"\n\n[{fin.reason}{': ' + fin.message if fin.message else ''}] {s['n_output_tokens']} tokens, "
               f"tau {s['tau']:.2f}, {s['tokens_per_s']:.1f} tok/s, TTFT {s['ttft_ms']:.0f} ms, "
               f"draft {s['draft_ms']:.0f} ms / verify {s['verify_ms']:.0f} ms"
+              + (f", {s['copy_blocks']} blocks copied (tau {s['copy_tau']:.2f})" if s["copy_blocks"] else "")
               + (f", LOSSY: {s['drift_tokens']} tokens differ from the target's own choice" if s["lossy"] else ""),
               file=sys.stderr)
     return {"error": 1, "cancelled": 130}.get(fin.reason, 0)

@@ -25,6 +25,7 @@ from dflash.adaptive import make_controller, resolve
 from dflash.draft import DFlashDraftModel, DraftConfig
 from dflash.drafter import Drafter, DraftProposer, Proposal
 from dflash.errors import BusyError, ModelLoadError, ValidationError
+from dflash.lookup import NgramIndex, copy_proposal
 from dflash.request import MAX_PROMPT_TOKENS, Request
 from dflash.stats import compute_stats
 from dflash.step import Run, StepResult, TextStream, verify_rule
@@ -232,9 +233,10 @@ class Engine:
         """A request's state before its prefill: empty caches, the verification rule chosen once for the request."""
         tg, drafter = self.target, (self.drafter if req.use_draft else None)
         eos = tg.stop_ids()
+        lookup = NgramIndex(req.lookup_ngram) if drafter is not None and req.lookup_ngram else None
         return Run(req=req, rule=verify_rule(req, tg.device), drafter=drafter, cache=tg.new_cache(),
                    dcache=drafter.new_cache() if drafter is not None else None, text=TextStream(self.decode),
-                   t_start=t_start, out=out, seq=list(prompt_ids), eos=eos, stops=set(req.stop_ids) | eos)
+                   t_start=t_start, out=out, seq=list(prompt_ids), eos=eos, stops=set(req.stop_ids) | eos, lookup=lookup)
 
     def _stop_reason(self, req: Request, cancel: threading.Event, deadline: float | None) -> Finish | None:
         """(finish reason, message) once Stop was pressed or the deadline passed, else None."""
@@ -247,22 +249,27 @@ class Engine:
     def _loop(self, run: Run, prompt_ids: list[int], sizes: tuple[int, int, int],
               stopped: Stopped) -> Generator[ev.Event, None, Finish]:
         """The prefill, then one `_step` per block until the output ends or `stopped()` says why to stop.
-        Yields the events; returns (finish reason, message)."""
-        controller = make_controller(run.req.adaptive, *sizes)
+        Yields the events; returns (finish reason, message).
+
+        Copied blocks and drafted blocks have a block-size controller each: their acceptance differs too much
+        (a copy is often right for many tokens, or wrong at once) for one estimate to serve both."""
+        controllers = {source: make_controller(run.req.adaptive, *sizes) for source in ev.BLOCK_SOURCES}
         finish = yield from self._start(run, prompt_ids, stopped)
         if finish:
             return finish
-        size, reason = controller.first()
+        chosen = {source: c.first() for source, c in controllers.items()}  # source → (size, reason)
         block = 0
         while True:
             finish = stopped()
             if finish:
                 return finish
             block += 1
-            step = yield from self._step(run, block, size, reason)
+            copy = run.copy_span(sizes[2] - 1)  # None, or the longest span a block may copy
+            source = ev.DRAFT if copy is None else ev.COPY
+            step = yield from self._step(run, block, *chosen[source], copy)
             if step.finish:
                 return step.finish, ""
-            size, reason = controller.update(step.outcome)
+            chosen[source] = controllers[source].update(step.outcome)
 
     def _start(self, run: Run, prompt_ids: list[int], stopped: Stopped) -> Generator[ev.Event, None, Finish | None]:
         """Prefill the prompt and commit the target's first token. Yields Prefill and Commit; returns (finish
@@ -295,14 +302,19 @@ class Engine:
                 feats.append(f)
         return logits, (torch.cat(feats, 1) if feats else None), None
 
-    def _step(self, run: Run, block: int, size: int, reason: str) -> Generator[ev.Event, None, StepResult]:
-        """One block: draft, verify with one target forward over [anchor, drafts], accept, crop the target cache.
-        Yields BlockSize, DraftStep × S, Verify, Commit; returns the StepResult."""
+    def _step(self, run: Run, block: int, size: int, reason: str,
+              copy: list[int] | None) -> Generator[ev.Event, None, StepResult]:
+        """One block: draft (or copy `copy`), verify with one target forward over [anchor, drafts], accept, crop the
+        target cache. Yields BlockSize, DraftStep × S, Verify, Commit; returns the StepResult."""
         req = run.req
         start = len(run.seq) - 1  # absolute position of the anchor (last committed token, not yet in the cache)
         b = min(size, req.max_new_tokens - len(run.out) + 1) if run.drafter else 1
-        yield ev.BlockSize(block=block, size=b, reason=reason if b == size else f"{reason}; clipped to {b} (tokens left)")
-        proposal = yield from self._draft(run, block, start, b)
+        copy = copy if b > 1 else None  # a block of one token proposes nothing
+        source = ev.DRAFT if copy is None else ev.COPY
+        reason = reason if copy is None else f"copy from the context ({req.lookup_ngram}-gram seen before); {reason}"
+        yield ev.BlockSize(block=block, size=b, reason=reason if b == size else f"{reason}; clipped to {b} (tokens left)",
+                           source=source)
+        proposal = yield from self._draft(run, block, start, b, copy)
         drafted = proposal.tokens if proposal else []
         t0 = time.perf_counter()
         block_ids = torch.tensor([[run.seq[-1]] + drafted], device=self.target.device)
@@ -318,22 +330,27 @@ class Engine:
                         draft_texts=self.token_texts(drafted), target_tokens=res.target_tokens,
                         target_texts=self.token_texts(res.target_tokens),
                         accepted=[i < a for i in range(len(drafted))], accepted_len=a, next_token=res.next_token,
-                        draft_ms=draft_ms, verify_ms=verify_ms, relaxed=res.relaxed)
-        kinds = [ev.DRAFT] * a + [ev.CORRECTION if a < len(drafted) else ev.BONUS]
+                        draft_ms=draft_ms, verify_ms=verify_ms, relaxed=res.relaxed, source=source)
+        kinds = [source] * a + [ev.CORRECTION if a < len(drafted) else ev.BONUS]
         confs = (proposal.confidences[:a] if proposal else []) + [-1.0]
         commit, why = self._commit(run, block, drafted[:a] + [res.next_token], kinds, confs, res.target_tokens[: a + 1],
                                    logits[: a + 1])
         yield commit
         return StepResult(committed=commit.token_ids, outcome=StepOutcome(b, a, draft_ms, verify_ms), finish=why)
 
-    def _draft(self, run: Run, block: int, start: int, b: int) -> Generator[ev.Event, None, Proposal | None]:
-        """The drafter's proposal for block positions 1 .. b-1 (None for a block of size 1); yields its DraftSteps."""
+    def _draft(self, run: Run, block: int, start: int, b: int,
+               copy: list[int] | None) -> Generator[ev.Event, None, Proposal | None]:
+        """The proposal for block positions 1 .. b-1 (None for a block of size 1): `copy`'s first b-1 tokens, else
+        the drafter's. Yields its DraftSteps."""
         if run.drafter is None or b < 2:
             return None
-        run.flush_context()
-        req = run.req
-        proposal = run.drafter.propose(run.dcache, run.seq[-1], start, b, req.diffusion_steps,
-                                       req.confidence_threshold, run.rule.draft_sampling)
+        req, tg = run.req, self.target
+        if copy is not None:  # the draft model is not run; its context catches up before it next drafts
+            proposal = copy_proposal(run.seq[-1], start, copy[: b - 1], tg.vocab_size, run.rule.draft_sampling, tg.device)
+        else:
+            run.flush_context()
+            proposal = run.drafter.propose(run.dcache, run.seq[-1], start, b, req.diffusion_steps,
+                                           req.confidence_threshold, run.rule.draft_sampling)
         for s in proposal.steps:
             yield ev.DraftStep(block=block, token_texts=self.token_texts(s["tokens"]), **s)
         return proposal

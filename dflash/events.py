@@ -18,9 +18,12 @@ from typing import Any, Union
 
 # Kinds of committed tokens (how the UI colours them).
 DRAFT = "draft"  # a draft token the target accepted
+COPY = "copy"  # a token copied from the context (Request.lookup_ngram) that the target accepted
 CORRECTION = "correction"  # the target's own token at the first rejected position
 BONUS = "bonus"  # the target's extra token after a fully accepted block (or the prefill's first token)
-TOKEN_KINDS = (DRAFT, CORRECTION, BONUS)
+TOKEN_KINDS = (DRAFT, COPY, CORRECTION, BONUS)
+# Who proposed a block: COPY when it copies from the context, DRAFT otherwise (the draft model, or nothing: size 1).
+BLOCK_SOURCES = (DRAFT, COPY)
 
 FINISH_REASONS = ("eos", "length", "stop", "cancelled", "timeout", "error")
 
@@ -52,6 +55,7 @@ class BlockSize:
     block: int
     size: int
     reason: str
+    source: str = DRAFT  # one of BLOCK_SOURCES
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,7 @@ class Verify:
     draft_ms: float
     verify_ms: float
     relaxed: list[bool] = field(default_factory=list)  # accepted only thanks to acceptance_threshold < 1
+    source: str = DRAFT  # who proposed draft_tokens: one of BLOCK_SOURCES
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ MAX_NEW_TOKENS = 4_096
 MAX_BLOCK_SIZE = 64
 MAX_STEPS = 16
 MAX_SEED = 2**63 - 1
+MAX_NGRAM = 8  # longest n-gram `lookup_ngram` may match on
 VERIFY_RULES = ("match", "rejection")
 
 
@@ -65,6 +66,9 @@ class Request:
     verify: str = "match"
     deadline_s: float | None = 600.0
     stop_ids: tuple[int, ...] = ()
+    # > 0: copy from the context first (dflash.lookup): a block whose anchor ends an n-gram of this length seen
+    # earlier proposes the tokens that followed it, without running the draft model. Lossless; draft runs only.
+    lookup_ngram: int = 0
 
     def __post_init__(self) -> None:
         if self.prompt_ids is None:
@@ -109,6 +113,7 @@ class Request:
             raise ValidationError("diffusion_steps", "must be 1 with verify='rejection' (use verify='match')")
         if self.verify == "rejection" and self.acceptance_threshold < 1.0:
             raise ValidationError("acceptance_threshold", "must be 1.0 with verify='rejection' (relaxed acceptance applies to 'match')")
+        _int("lookup_ngram", self.lookup_ngram, 0, MAX_NGRAM)
         if self.deadline_s is not None:
             _float("deadline_s", self.deadline_s, 0.0, 86_400.0, lo_open=True)
         if not isinstance(self.stop_ids, (tuple, list)):

@@ -13,6 +13,10 @@ from typing import Any, Iterable
 from dflash import events as ev
 
 
+# Statistics added after traces were first recorded: an older trace's Finished.stats lacks them (ui/trace_schema.py).
+LATER_STATS = ("copy_blocks", "copy_tau")
+
+
 def compute_stats(events: Iterable[ev.Event]) -> dict[str, Any]:
     run, started, prefill, verify_of = RunningStats(), None, None, {}
     for e in events:
@@ -40,6 +44,7 @@ class RunningStats:
         self.reached: list[int] = []  # [k-1]: verify steps that drafted position k
         self.accepted: list[int] = []  # [k-1]: … and accepted it
         self.draft_ms = self.verify_ms = 0
+        self.copy_n = self.copy_sum = 0  # verify steps of copied blocks (Request.lookup_ngram), their lengths' sum
         self.drift = 0
         self.commits = 0
         self.ttft = self.t_end = 0.0
@@ -58,17 +63,20 @@ class RunningStats:
             self.accepted[k - 1] += v.accepted_len >= k
         self.draft_ms += v.draft_ms
         self.verify_ms += v.verify_ms
+        if v.source == ev.COPY:
+            self.copy_n += 1
+            self.copy_sum += n
 
     def mark(self, counts: bool) -> tuple:
         """What `restore` needs to take back the next verify (`counts`: with the histogram and per-position counts,
         at most MAX_BLOCK_SIZE entries each) or commit: the scalars and the lengths of the lists that only grow."""
         return (len(self.lengths), self.len_sum, dict(self.hist) if counts else None, list(self.reached) if counts else None,
                 list(self.accepted) if counts else None, self.draft_ms, self.verify_ms, self.drift, self.commits, self.ttft,
-                self.t_end, self.n_out)
+                self.t_end, self.n_out, self.copy_n, self.copy_sum)
 
     def restore(self, mark: tuple) -> None:
         (n, self.len_sum, hist, reached, accepted, self.draft_ms, self.verify_ms, self.drift, self.commits, self.ttft,
-         self.t_end, self.n_out) = mark
+         self.t_end, self.n_out, self.copy_n, self.copy_sum) = mark
         del self.lengths[n:], self.block_sizes[n:]
         if hist is not None:
             self.hist, self.reached, self.accepted = hist, reached, accepted
@@ -102,6 +110,8 @@ class RunningStats:
             "draft_share": self.draft_ms / spent if spent > 0 else 0.0,
             "lossy": bool(started.lossy) if started else False,
             "drift_tokens": self.drift,
+            "copy_blocks": self.copy_n,  # blocks copied from the context (Request.lookup_ngram); the rest were drafted
+            "copy_tau": self.copy_sum / self.copy_n if self.copy_n else 0.0,  # τ over the copied blocks alone
         }
 
 

@@ -14,6 +14,7 @@ import torch
 
 from dflash.adaptive import Outcome as StepOutcome
 from dflash.drafter import DraftProposer, Proposal
+from dflash.lookup import NgramIndex, copied_span
 from dflash.request import Request
 from dflash.sampling import GUMBEL_TARGET, UNIFORM_ACCEPT, gumbel_noise, uniform_noise
 from dflash.verify import Outcome
@@ -123,6 +124,13 @@ class Run:
     stops: set[int]  # eos + the request's stop ids
     pending: torch.Tensor | None = None
     pending_pos: int = 0
+    lookup: NgramIndex | None = None  # copying from the context first (Request.lookup_ngram), draft runs only
+
+    def copy_span(self, length: int) -> list[int] | None:
+        """The `length` tokens that followed the most recent earlier occurrence of the last n committed tokens, or
+        None (no match, or no lookup for this request)."""
+        j = self.lookup.find(self.seq) if self.lookup is not None else None
+        return None if j is None else copied_span(self.seq, j, length)
 
     def take(self, new: list[int]) -> tuple[list[int], str | None]:
         """Append `new` up to its first stop id or max_new_tokens. Returns (tokens kept, finish reason or None)."""

@@ -104,6 +104,37 @@ def knob_verdict() -> str:
             f"Lossy (emitted tokens that differ from the target's own): {', '.join(lossy) or 'none'}.")
 
 
+LOOKUP = ("mtbench-lookup", "humaneval-lookup")  # copying from the context first: ar, dflash, dflash-lookup
+
+
+def lookup_section() -> str:
+    """`dflash-lookup` against `dflash` and `ar` in the same runs (results/*-lookup.json): the host, one sentence per
+    prompt set, and the tables."""
+    files = [(n, json.loads((res / f"{n}.json").read_text())) for n in LOOKUP if (res / f"{n}.json").exists()]
+    if not files:
+        return "Not measured yet (`bash scripts/final_bench.sh` runs it)."
+    m, host = files[0][1]["machine"], files[0][1]["models"].get("host") or {}
+    flags = ", ".join((host.get("machine") or {}).get("cpu_flags", [])) or m.get("cpu_capability", "?")
+    settings = f"{host['dtype']}, {host['threads']} threads (the host probe's choice)" if host else files[0][1]["models"]["dtype"]
+    out = [f"Measured on {m['cpu_model']}, {m['logical_cores']} cores ({flags}), {settings}, quiet; the three methods "
+           "interleaved on each prompt, default block policy."]
+    for name, d in files:
+        s = d["summary"]
+        dl, lk = s["dflash"], s["dflash-lookup"]
+        same = [s[k]["identical"] for k in ("dflash", "dflash-lookup")]
+        cfg = d["config"]
+        scope = f"{cfg['n_prompts']} {cfg['prompts']} prompts × {cfg['request']['max_new_tokens']} tokens"
+        ties = sum(x["n_ties"] for x in same)
+        errors = sum(x["n_errors"] for x in same)
+        why = (f"; every other output differs only at a numerical tie of {d['models']['dtype']} ({ties} ties, {errors} "
+               "errors: the run's own list of positions and gaps is in its .md file)" if ties or errors else "")
+        out.append(f"{scope}: `dflash-lookup` ran at **{lk['speedup']['decode']['speedup']:.2f}×** `ar` (τ {lk['tau']:.2f}; "
+                   f"{lk['copy_share']:.0%} of its blocks copied), `dflash` at {dl['speedup']['decode']['speedup']:.2f}× "
+                   f"(τ {dl['tau']:.2f}); greedy outputs identical to `ar`: {same[1]['n_identical']}/{same[1]['n_compared']} "
+                   f"and {same[0]['n_identical']}/{same[0]['n_compared']}{why}.")
+    return "\n\n".join(out + [table(n).split("\nGreedy outputs that differ")[0].rstrip() for n, _ in files])
+
+
 def machine(d: dict) -> str:
     """The host of the headline run `d` (its JSON): CPU, flags, the settings the probe chose, software, load."""
     m, host = d["machine"], d["models"].get("host") or {}
@@ -156,6 +187,13 @@ unless the row sets `--adaptive`; `--adaptive fixed` is the paper's fixed block 
 {knob_rows()}
 
 {knob_verdict()} Raw JSON for every row: `results/`.
+
+### Copying from the context first (`dflash-lookup`)
+
+`--lookup-ngram 2` (the playground's "Copy from context"): where the last two committed tokens occurred earlier, the
+block proposes what followed them and the draft model is not run; the other blocks are drafted. Lossless like `dflash`.
+
+{lookup_section()}
 
 ### Longer runs (not run here)
 

@@ -53,13 +53,18 @@ def record(engine: Engine, request: Request, meta: dict, path: Path) -> None:
     print(f"{path.name}: {s['n_output_tokens']} tokens, tau {s['tau']:.2f}, {s['tokens_per_s']:.1f} tok/s ({run[-1].reason})")
 
 
+NAMES = ("prose", "code", "maths", "copy")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, default=48, help="max new tokens per trace")
     p.add_argument("--out", default=str(TRACES_DIR))
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (1 is much faster than 2 on a 2-core machine shared with other jobs)")
+    p.add_argument("--only", nargs="+", choices=NAMES, help="record only these traces (default: all)")
     args = p.parse_args(argv)
+    only = set(args.only or NAMES)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -73,11 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         draft_words, note = "random untrained draft", UNTRAINED_NOTE
     base = dict(max_new_tokens=args.tokens, deadline_s=None)
     # 1. Prose: the trained draft, or (without it) the target alone — the autoregressive baseline.
-    if trained:
+    if trained and "prose" in only:
         record(engine, Request(prompt=prompts["Prose"], **base),
                {"title": "Prose · SmolLM2 + trained draft", "model": engine.name, "draft": draft_words, "note": note},
                out / "prose.json")
-    else:
+    elif "prose" in only:
         record(engine, Request(prompt=prompts["Prose"], use_draft=False, **base),
                {"title": "Prose · SmolLM2 alone (no draft, autoregressive)", "model": engine.name, "draft": "none",
                 "note": "The target alone: one token per step, τ = 1. Re-record with the trained draft when it exists."},
@@ -86,14 +91,21 @@ def main(argv: list[str] | None = None) -> int:
         engine = Engine(engine.target, random_draft(engine), name=engine.name)
     tag = "trained draft" if trained else "UNTRAINED random draft"
     # 2. Code: two denoising passes per block, so the inspector shows MASK cells being filled.
-    record(engine, Request(prompt=prompts["Code"], block_size=8, diffusion_steps=2, confidence_threshold=0.5, **base),
-           {"title": f"Code · SmolLM2 + {tag}, block 8, 2 denoising steps", "model": engine.name, "draft": draft_words,
-            "note": note}, out / "code.json")
+    if "code" in only:
+        record(engine, Request(prompt=prompts["Code"], block_size=8, diffusion_steps=2, confidence_threshold=0.5, **base),
+               {"title": f"Code · SmolLM2 + {tag}, block 8, 2 denoising steps", "model": engine.name,
+                "draft": draft_words, "note": note}, out / "code.json")
     # 3. Maths: the slow-start controller adapting the block size.
-    record(engine, Request(prompt=prompts["Maths"], block_size=8, adaptive="slow-start", min_block_size=2, max_block_size=8,
-                           **base),
-           {"title": f"Maths · SmolLM2 + {tag}, slow-start adaptive block", "model": engine.name, "draft": draft_words,
-            "note": note}, out / "maths.json")
+    if "maths" in only:
+        record(engine, Request(prompt=prompts["Maths"], block_size=8, adaptive="slow-start", min_block_size=2,
+                               max_block_size=8, **base),
+               {"title": f"Maths · SmolLM2 + {tag}, slow-start adaptive block", "model": engine.name,
+                "draft": draft_words, "note": note}, out / "maths.json")
+    # 4. Copy: copying from the context first (lookup_ngram=2) on the code prompt, whose answer repeats its names.
+    if "copy" in only:
+        record(engine, Request(prompt=prompts["Code"], block_size=8, adaptive="fixed", lookup_ngram=2, **base),
+               {"title": f"Code · SmolLM2 + {tag}, copying from the context first (2-gram), block 8", "model": engine.name,
+                "draft": draft_words, "note": note}, out / "copy.json")
     return 0
 
 

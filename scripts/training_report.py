@@ -172,8 +172,10 @@ def copy_gap_text(shipped: dict) -> str:
                  f"{a['draft']:.0%}, one or the other {a['either']:.0%}.")
     for r in optional_jsonl(RES / "lookup-first.jsonl"):
         d, lf = r["dflash"], r["lookup-first"]
+        policy = r.get("adaptive", "fixed")
+        blocks = "the draft's block size, fixed" if policy == "fixed" else f"the `{policy}` block policy"
         text += (f"\n\nLookup first ({r['prompts']}, {r['limit']} prompts × {r['max_new_tokens']} tokens, {r['dtype']}, "
-                 f"{r['threads']} threads, the draft's block size, fixed, interleaved with the no-draft loop; "
+                 f"{r['threads']} threads, {blocks}, interleaved with the no-draft loop; "
                  f"{r['copied_blocks']} blocks copied): τ **{lf['tau']:.2f}** and **{lf['speedup_vs_ar']:.2f}×** the no-draft "
                  f"loop, against the draft alone's τ {d['tau']:.2f} and "
                  f"{d['speedup_vs_ar']:.2f}×; outputs identical to the no-draft loop: {lf['identical']}/{r['limit']} "

@@ -13,6 +13,9 @@ def test_config_validates_like_the_request():
         DFlashConfig(acceptance_threshold=1.5)
     with pytest.raises(ValidationError, match="adaptive"):
         DFlashConfig(adaptive="tcp")
+    with pytest.raises(ValidationError, match="lookup_ngram"):
+        DFlashConfig(lookup_ngram=-1)
+    assert DFlashConfig(lookup_ngram=2).request(prompt="x").lookup_ngram == 2
     assert DFlashConfig(block_size=8, max_block_size=32).policy() == "slow-start"
     assert DFlashConfig(block_size=8).policy() == "auto"  # the engine's default: cost on a CPU, fixed on a GPU
 

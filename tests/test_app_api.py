@@ -85,7 +85,20 @@ def test_generation_streams_updates_and_ends_with_the_engines_statistics(app):
     assert final["history_table"]["data"][-1][CLIENT_HISTORY_TOKENS] == 48
 
 
-CLIENT_HISTORY_TOKENS = 13  # index of "tokens" in HISTORY_COLUMNS
+CLIENT_HISTORY_TOKENS = HISTORY_COLUMNS.index("tokens")
+
+
+def test_copying_from_the_context_through_the_api_keeps_the_targets_tokens(app):
+    """The "Copy from context" slider reaches the engine: copied blocks are shown as such, and the tokens are the
+    no-draft run's."""
+    final = named(app.client.predict(*args(max_new_tokens=40, lookup=1), api_name="/generate"))
+    trace = parse_trace(Path(final["export_trace"]).read_text(encoding="utf-8"))
+    request = trace.events[0].request
+    assert request["lookup_ngram"] == 1 and trace.events[-1].stats["copy_blocks"] > 0
+    assert 'class="tok tok-copy' in final["tokens"] and "blocks copied from the context" in final["stats"]
+    base = app.engine.generate(Request(**{**request, "use_draft": False}))
+    assert trace.events[-1].output_ids == base.output_ids
+    assert final["history_table"]["data"][-1][HISTORY_COLUMNS.index("lookup")] == 1
 
 
 def raw_call(app, api_name: str, body: str) -> str:
@@ -132,6 +145,7 @@ def test_values_a_client_library_cannot_send_are_refused_by_name(app, name, valu
     ({"steps": 2.5}, "diffusion_steps: must be an integer"),
     ({"seed": -1}, "seed: must be in [0,"),
     ({"adaptive": "yolo"}, "adaptive: must be one of auto, fixed, slow-start, cost"),
+    ({"lookup": 9}, "lookup_ngram: must be in [0, 8], got 9"),
     ({"preset": "../../etc/passwd"}, "preset: unknown preset"),
     ({"temperature": 10**400}, "temperature: must be in [0.0, 2.0], got a number too large to represent"),
 ])

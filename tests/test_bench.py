@@ -101,10 +101,26 @@ def check_schema(r: dict) -> None:
             assert len(s["speedup"]["by_repeat"]) == cfg["repeats"]
 
 
+def test_dflash_lookup_copies_where_the_context_repeats_and_dflash_never_does(bench_dir, tmp_path):
+    """A prompt holding every token id: with --lookup-ngram 1 every anchor occurred before, so dflash-lookup copies
+    its blocks (and stays identical to ar); dflash, in the same run, drafts every block."""
+    d, _ = bench_dir
+    prompts, out = tmp_path / "every-token.jsonl", tmp_path / "r.json"
+    prompts.write_text(json.dumps({"prompt_ids": list(range(256))}) + "\n")
+    assert main(_args(d, out, "--prompts", str(prompts), "--methods", "ar,dflash,dflash-lookup", "--lookup-ngram", "1",
+                      "--no-warmup")) == 0
+    r = json.loads(out.read_text())
+    runs = {m: r["prompts"][0]["methods"][m] for m in ("dflash", "dflash-lookup")}
+    assert runs["dflash-lookup"]["runs"][0]["stats"]["copy_blocks"] > 0 == runs["dflash"]["runs"][0]["stats"]["copy_blocks"]
+    assert r["summary"]["dflash-lookup"]["copy_share"] == 1.0 and r["summary"]["dflash"]["copy_share"] == 0.0
+    assert runs["dflash-lookup"]["identical"] and runs["dflash"]["identical"] and r["differences"] == []
+    assert r["config"]["request"]["lookup_ngram"] == 1 and "--lookup-ngram 1" in r["command"]
+
+
 def test_end_to_end_schema_identity_and_speedup(bench_result):
     r, out, eos = bench_result
     check_schema(r)
-    assert r["complete"] and r["config"]["methods"] == ["ar", "dflash", "hf-generate", "hf-prompt-lookup"]
+    assert r["complete"] and r["config"]["methods"] == ["ar", "dflash", "dflash-lookup", "hf-generate", "hf-prompt-lookup"]
     assert r["config"]["greedy"] and r["models"]["trained_block_size"] == 6
     # Greedy: every method's output equals ar's, on every prompt and repeat; prompt 0 stops on EOS everywhere.
     assert r["differences"] == []
@@ -130,6 +146,7 @@ def test_end_to_end_schema_identity_and_speedup(bench_result):
     # Engine statistics ride along; tau of ar is exactly 1.
     assert r["summary"]["ar"]["tau"] == 1.0 and r["summary"]["dflash"]["tau"] >= 1.0
     assert r["summary"]["hf-generate"]["tau"] is None
+    assert r["summary"]["dflash"]["copy_share"] == 0.0  # only dflash-lookup copies (test_dflash_lookup_copies…)
     md = out.with_suffix(".md").read_text()
     for m in r["config"]["methods"]:
         assert f"| {m} |" in md

@@ -152,3 +152,19 @@ def test_the_host_settings_are_probed_once_then_read_back(models, tmp_path):
     bad = generate(*run, env={**env, "DFLASH_DTYPE": "fp8"})
     assert bad.returncode == 2 and "DFLASH_DTYPE: must be float32, bfloat16 or auto" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_lookup_ngram_copies_from_the_context_without_changing_the_output(models, tmp_path):
+    """--lookup-ngram N: blocks whose anchor ends an N-gram seen before are copied (the trace says which), the output
+    equals the no-draft run's; an N out of range is a one-line error naming it."""
+    base = ["--target", str(models / "target"), "--prompt-ids", "5,6,7,5,6,7,5,6", "--max-new-tokens", "24", "--json",
+            "--dtype", "float32"]  # the exact mode (the host probe may choose bfloat16 for one run and not the other)
+    plain = generate(*base, "--no-draft")
+    trace = tmp_path / "copy.jsonl"
+    copied = generate(*base, "--draft", str(models / "draft"), "--lookup-ngram", "1", "--trace", str(trace))
+    assert plain.returncode == copied.returncode == 0, copied.stderr
+    out = json.loads(copied.stdout)
+    assert out["output_ids"] == json.loads(plain.stdout)["output_ids"]
+    sources = [e["source"] for e in map(json.loads, trace.read_text().splitlines()) if e["type"] == "Verify"]
+    assert out["stats"]["copy_blocks"] == sources.count("copy") > 0
+    assert_option_error(generate(*base, "--lookup-ngram", "9"), "lookup_ngram")

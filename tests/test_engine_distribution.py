@@ -179,3 +179,33 @@ def test_engine_rejection_sampling_matches_markov_sequences():
         for s, pr in exact.items():
             law[s[pos]] += pr
         assert chi_square_pvalue(marg, dict(law), runs) > 1e-3
+
+
+def test_engine_rejection_sampling_with_copied_blocks_matches_markov_sequences():
+    """Copying first (lookup_ngram=1) under the rejection rule: every block copies (the prompt holds every token),
+    each copy is a point mass q, accepted with probability p(x), the residual is p without x. The sequences must
+    still follow the target's law."""
+    target = markov_target()
+    with torch.inference_mode():
+        trans = torch.softmax(target.model(input_ids=torch.arange(V)[None]).logits[0].double() / TEMPERATURE, -1)
+    torch.manual_seed(1)
+    draft = DFlashDraftModel(DraftConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                         head_dim=16, intermediate_size=64, vocab_size=V, num_target_layers=1,
+                                         block_size=4, mask_token_id=V - 1))
+    engine = Engine(target, draft)
+    prompt = (0, 1, 2, 3, 4, 2)
+    exact = {(a, b, c): float(trans[prompt[-1], a] * trans[a, b] * trans[b, c])
+             for a in range(V) for b in range(V) for c in range(V)}
+    runs = 800
+    seqs, verdicts = Counter(), Counter()
+    for seed in range(runs):
+        res = engine.generate(Request(prompt_ids=prompt, max_new_tokens=3, temperature=TEMPERATURE, verify="rejection",
+                                      seed=seed, block_size=3, adaptive="fixed", lookup_ngram=1))
+        seqs[tuple(res.output_ids)] += 1
+        for v in (e for e in res.events if isinstance(e, Verify)):
+            assert v.source == "copy"
+            verdicts["drafted"] += v.block_size - 1
+            verdicts["accepted"] += v.accepted_len
+    rate = verdicts["accepted"] / verdicts["drafted"]
+    assert 0.1 < rate < 0.9, f"both acceptance and rejection must be exercised (acceptance {rate:.2f})"
+    assert chi_square_pvalue(seqs, exact, runs) > 1e-3

@@ -16,7 +16,8 @@ import dflash.engine as engine_mod
 from conftest import tiny_draft, tiny_target
 from dflash.adaptive import POLICIES
 from dflash.engine import Engine
-from dflash.events import BONUS, CORRECTION, DRAFT, Commit, Started, Verify
+from dflash.events import BONUS, COPY, CORRECTION, DRAFT, BlockSize, Commit, Started, Verify
+from dflash.lookup import copied_span, find
 from dflash.request import Request
 from engine_helpers import (RandomController, AdversarialDrafter, OracleDrafter, commits, reference_greedy, reference_sample,
                             with_drafter)
@@ -310,3 +311,62 @@ def test_a_draft_fusing_the_last_layer_is_lossless():
     res = engine.generate(Request(prompt_ids=tuple(prompt), max_new_tokens=n, block_size=4, adaptive="fixed"))
     assert res.output_ids == reference_greedy(target, prompt, n)
     assert any(isinstance(e, Verify) and e.draft_tokens for e in res.events)  # the draft ran on those features
+
+
+@pytest.mark.parametrize("ngram,policy,arch,seed", [(1, "fixed", "llama", 0), (2, "cost", "qwen3", 2),
+                                                    (3, "slow-start", "qwen3", 2), (1, "cost", "qwen3", 1)])
+def test_copying_from_the_context_is_lossless_and_copies_exactly_where_the_ngram_recurs(models, ngram, policy, arch,
+                                                                                      seed):
+    """lookup_ngram > 0: a block whose anchor ends an n-gram seen earlier proposes the span that followed it (the
+    drafter is not asked), every other block is drafted; the output stays the target's own. Each verify's source
+    and proposal are checked against the final sequence, so a context shifted by one position fails. (The seeds
+    pick prompts whose greedy continuation on the tiny model repeats n-grams, so that copies happen.)"""
+    target, engine = models[arch]
+    rng = random.Random(seed)
+    prompt = [rng.randrange(250) for _ in range(6)] * 2
+    n = 40
+    expected = ref(target, arch, prompt, n)
+    seq = prompt + expected
+    total = 0
+    for drafter in ("random", "adversarial", "oracle"):
+        res = run(engine, drafter, prompt, expected, max_new_tokens=n, lookup_ngram=ngram, adaptive=policy,
+                  block_size=4, min_block_size=1)
+        assert res.output_ids == expected, drafter
+        sizes = {e.block: e for e in res.events if isinstance(e, BlockSize)}
+        commits = {e.block: e for e in res.events if isinstance(e, Commit)}
+        copied = 0
+        for v in verifies(res.events):
+            ctx = seq[: v.start + 1]
+            j = find(ctx, ngram) if v.draft_tokens else None
+            assert sizes[v.block].source == v.source == (COPY if j is not None else DRAFT), (drafter, v.block)
+            if j is not None:
+                copied += 1
+                assert v.draft_tokens == copied_span(ctx, j, len(v.draft_tokens))
+                assert v.draft_ms == 0.0 and "copy from the context" in sizes[v.block].reason
+            kinds = commits[v.block].kinds
+            assert kinds[: v.accepted_len] == [v.source] * min(v.accepted_len, len(kinds))
+        assert res.stats["copy_blocks"] == copied, drafter
+        total += copied
+    assert total > 0  # (an oracle's blocks are all accepted, so its anchors may skip every recurring n-gram)
+
+
+def test_copying_keeps_seeded_sampling_and_the_rejection_rule_exact(models):
+    """Match rule: the same tokens as the target's own seeded sample. Rejection rule: a copy's law is a point mass,
+    so its tokens are accepted with probability p(x) (tested for the distribution in test_engine_distribution)."""
+    target, engine = models["llama"]
+    prompt = [9, 8, 7, 9, 8, 7, 9, 8]
+    params = dict(temperature=0.7, top_k=0, top_p=1.0, seed=3)
+    expected = reference_sample(target, prompt, 16, **params)
+    res = run(engine, "random", prompt, expected, max_new_tokens=16, block_size=4, lookup_ngram=1, **params)
+    assert res.output_ids == expected and res.stats["copy_blocks"] > 0
+    rej = run(engine, "random", prompt, expected, max_new_tokens=16, block_size=4, lookup_ngram=1, verify="rejection",
+              **params)
+    assert len(rej.output_ids) == 16 and rej.stats["copy_blocks"] > 0
+
+
+def test_without_the_draft_lookup_is_ignored(models):
+    target, engine = models["qwen3"]
+    prompt = [4, 4, 4, 4]
+    res = engine.generate(Request(prompt_ids=tuple(prompt), max_new_tokens=8, use_draft=False, lookup_ngram=1))
+    assert res.output_ids == ref(target, "qwen3", prompt, 8) and res.stats["copy_blocks"] == 0
+    assert all(v.source == DRAFT and not v.draft_tokens for v in verifies(res.events))

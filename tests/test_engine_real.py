@@ -92,3 +92,19 @@ def test_every_bfloat16_difference_is_a_diagnosed_numerical_tie():
     differ, but only where both runs' top-2 logit gaps are within the measured tie bound."""
     found = _compare_on_prompts(_shipped_engine(torch.bfloat16, "linear"))
     assert all(d is None or d["verdict"] == "tie" for d in found), found
+
+
+def test_copying_from_the_context_is_identical_on_real_prompts():
+    """lookup_ngram=2 with the shipped draft in float32: the same tokens as the no-draft loop, and the copy is used
+    (a prompt that asks for repetition, and MT-Bench prompts)."""
+    from dflash.datasets import load_prompts
+
+    engine = _shipped_engine(torch.float32, "transposed")
+    copied = 0
+    for prompt in ("Repeat this sentence three times: the quick brown fox jumps over the lazy dog.",
+                   *load_prompts("mt-bench", 2)):
+        base = engine.generate(Request(prompt=prompt, max_new_tokens=48, use_draft=False))
+        res = engine.generate(Request(prompt=prompt, max_new_tokens=48, lookup_ngram=2))
+        assert res.output_ids == base.output_ids, prompt
+        copied += res.stats["copy_blocks"]
+    assert copied > 0

@@ -192,6 +192,33 @@ def test_block_summary_sentences(runs):
     assert f"rejected at position {part.verify.accepted_len + 1}" in render_inspector.block_summary(part)
 
 
+def test_copied_blocks_have_their_own_token_kind_legend_inspector_rows_and_badge(runs):
+    """A run that copies from the context (lookup_ngram): accepted copied tokens are `tok-copy` with a hover text
+    that says so, the legend explains them, the inspector labels the block's row "copied" and its summary says the
+    tokens were copied, and the statistics say how many blocks were copied."""
+    events = runs["copy"]
+    s = compute_stats(events)
+    copied = [v for v in verifies(events) if v.source == ev.COPY]
+    assert copied and s["copy_blocks"] == len(copied) < s["n_verify"]  # copied and drafted blocks both
+    kinds = [("first" if c.block == 0 else k) for c in commits(events) for k in c.kinds]
+    spans = render.token_spans(events, show_rejected=False)
+    assert [re.search(r"tok-([a-z]+)", x).group(1) for x in spans] == kinds and "copy" in kinds
+    assert "copied from an earlier occurrence in the context" in spans[kinds.index("copy")]
+    label, cue = render.TOKEN_STYLES["copy"]
+    legend = f'<span class="tok tok-copy">abc</span> {render.attr(label)}'
+    assert legend in render.token_header_html(events) and legend not in render.token_header_html(runs["mixed"])
+    block = render.group_blocks(events)[copied[0].block]
+    summary = render_inspector.block_summary(block)
+    assert "copied from the context (no draft pass)" in summary
+    html = render_inspector.inspector_html(events, copied[0].block)
+    assert '<th scope="row">copied</th>' in html and "step 1/1" not in html
+    assert html.count('<td class="cell-copy"') == len(copied[0].draft_tokens) and "cell-new" not in html
+    drafted = next(v for v in verifies(events) if v.source == ev.DRAFT and v.draft_tokens)
+    assert "copied" not in render_inspector.block_summary(render.group_blocks(events)[drafted.block])
+    assert f"{s['copy_blocks']} of {s['n_verify']} blocks copied from the context" in render_stats.stats_html(events)
+    assert "blocks copied" not in render_stats.stats_html(runs["mixed"])
+
+
 # -- statistics and comparison -----------------------------------------------------------------------------------
 def test_stats_panel_carries_the_engine_statistics(runs):
     events = runs["mixed"]

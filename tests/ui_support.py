@@ -67,7 +67,8 @@ def recorded_runs() -> dict[str, list]:
     - mixed: proposals right except at every 7th position (accepted, corrected and bonus tokens; slow-start);
     - baseline: the same prompt without a draft (autoregressive);
     - denoise: the random tiny draft with 3 denoising steps, one position committed per step until the last;
-    - lossy: the random tiny draft with acceptance threshold 0.05 (relaxed, lossy acceptances)."""
+    - lossy: the random tiny draft with acceptance threshold 0.05 (relaxed, lossy acceptances);
+    - copy: the random tiny draft, copying from the context first (lookup_ngram=1: copied and drafted blocks)."""
     from tests.engine_helpers import with_drafter
     from dflash.request import Request
 
@@ -84,7 +85,9 @@ def recorded_runs() -> dict[str, list]:
     denoise = engine.generate(Request(prompt=PROMPT, max_new_tokens=16, block_size=8, diffusion_steps=3,
                                       confidence_threshold=1.0))
     lossy = engine.generate(Request(prompt=PROMPT, max_new_tokens=30, block_size=4, acceptance_threshold=0.05))
-    return {"mixed": mixed.events, "baseline": base.events, "denoise": denoise.events, "lossy": lossy.events}
+    copy = engine.generate(Request(prompt=PROMPT, max_new_tokens=40, block_size=4, lookup_ngram=1))
+    return {"mixed": mixed.events, "baseline": base.events, "denoise": denoise.events, "lossy": lossy.events,
+            "copy": copy.events}
 
 
 class PacedTarget(Target):

@@ -15,7 +15,7 @@ from typing import Any
 from ui import render
 from ui.replay import Trace, dumps_trace, history_csv, metrics_csv
 
-HISTORY_COLUMNS = ["run", "source", "preset", "draft", "block", "steps", "conf thr", "accept thr", "adaptive",
+HISTORY_COLUMNS = ["run", "source", "preset", "draft", "block", "steps", "conf thr", "accept thr", "adaptive", "lookup",
                    "temperature", "top_p", "max new", "seed", "tokens", "τ", "tok/s", "TTFT ms", "draft share",
                    "finish", "baseline tok/s", "speedup", "identical"]
 
@@ -52,6 +52,7 @@ def history_row(run_id: int, source: str, preset: Any, events: list) -> dict[str
             "block": (r.get("block_size") or (st.trained_block_size if st else "")) if has_draft else 1,
             "steps": r.get("diffusion_steps", ""), "conf thr": r.get("confidence_threshold", ""),
             "accept thr": r.get("acceptance_threshold", ""), "adaptive": r.get("adaptive", ""),
+            "lookup": r.get("lookup_ngram", 0),
             "temperature": r.get("temperature", ""), "top_p": r.get("top_p", ""), "max new": r.get("max_new_tokens", ""),
             "seed": r.get("seed", ""), "tokens": s["n_output_tokens"], "τ": round(s["tau"], 2),
             "tok/s": round(s["tokens_per_s"], 2), "TTFT ms": round(s["ttft_ms"]), "draft share": round(s["draft_share"], 2),

@@ -41,8 +41,8 @@ USER_ERRORS = (DFlashError, TraceError)  # messages written for users; shown as 
 
 VIEW_KEYS = ("legend", "tokens", "inspector", "block_length", "histogram", "positions", "throughput", "stats", "status")
 
-CONTROL_KEYS = ("prompt", "preset", "block_size", "steps", "confidence", "acceptance", "adaptive", "min_block",
-                "max_block", "temperature", "top_p", "max_new_tokens", "seed", "show_rejected", "step_mode")
+CONTROL_KEYS = ("prompt", "preset", "block_size", "steps", "confidence", "acceptance", "lookup", "adaptive",
+                "min_block", "max_block", "temperature", "top_p", "max_new_tokens", "seed", "show_rejected", "step_mode")
 
 
 # Status of a Generate or Compare that Stop reached while it waited in the queue (the Stop button shows it too).
@@ -71,7 +71,7 @@ def defaults(block_size: int = 16) -> dict[str, Any]:
     """Reset-to-defaults values: the paper's setting (one pass, exact verification, greedy), with the block-size
     policy the engine picks for its device ("auto")."""
     return {"prompt": "", "preset": "default", "block_size": block_size, "steps": 1, "confidence": 0.9, "acceptance": 1.0,
-            "adaptive": "auto", "min_block": 2, "max_block": block_size, "temperature": 0.0, "top_p": 1.0,
+            "lookup": 0, "adaptive": "auto", "min_block": 2, "max_block": block_size, "temperature": 0.0, "top_p": 1.0,
             "max_new_tokens": 64, "seed": 0, "show_rejected": False, "step_mode": False}
 
 
@@ -149,8 +149,9 @@ class Playground:
                        top_p=values.get("top_p"), seed=_whole(values.get("seed")),
                        block_size=_whole(values.get("block_size")), diffusion_steps=_whole(values.get("steps")),
                        confidence_threshold=values.get("confidence"), acceptance_threshold=values.get("acceptance"),
-                       adaptive=values.get("adaptive"), min_block_size=_whole(values.get("min_block")),
-                       max_block_size=_whole(values.get("max_block")), deadline_s=self.settings.deadline_s)
+                       lookup_ngram=_whole(values.get("lookup")), adaptive=values.get("adaptive"),
+                       min_block_size=_whole(values.get("min_block")), max_block_size=_whole(values.get("max_block")),
+                       deadline_s=self.settings.deadline_s)
 
     def _start(self, engine: Engine, preset: str, request: Request, session: str):
         """(event stream, its cancel flag) for this session; the flag is dropped again if the start fails."""

@@ -117,7 +117,8 @@ def draft_settings(d: dict[str, Any]) -> dict[str, Any]:
     return {"block_size": _setting("block_size", 1, 64, 1, d, "Block size", "block-size"),
             "steps": _setting("steps", 1, 8, 1, d, "Denoising steps (extension)", "steps"),
             "confidence": _setting("confidence", 0.05, 1.0, 0.05, d, "Confidence threshold (steps > 1)", "confidence"),
-            "acceptance": _setting("acceptance", 0.05, 1.0, 0.05, d, acceptance_label(d["acceptance"]), "acceptance")}
+            "acceptance": _setting("acceptance", 0.05, 1.0, 0.05, d, acceptance_label(d["acceptance"]), "acceptance"),
+            "lookup": _setting("lookup", 0, 4, 1, d, "Copy from context: n-gram (0 = off)", "lookup")}
 
 
 def adaptive_settings(d: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ BLUE, VERMILLION, GREEN, ORANGE, SKY, PURPLE, GREY = "#0072B2", "#D55E00", "#009
 # Token classes → (legend label, non-colour cue described in words).
 TOKEN_STYLES = {
     "draft": ("accepted draft token", "solid underline"),
+    "copy": ("accepted token copied from the context", "wavy underline"),
     "correction": ("target's correction at the first rejection", "bold, double underline"),
     "bonus": ("target's bonus token after a fully accepted block", "bold, dashed underline"),
     "first": ("first token (from the prompt's prefill)", "dotted underline"),
@@ -131,7 +132,7 @@ def _commit_spans(e: ev.Commit, v: ev.Verify | None, has_draft: bool, show_rejec
         if cls == "correction" and v is not None and show_rejected:
             spans.extend(_rejected_spans(v))
         title = _token_title(cls, e.block, pos, conf, v, i, text)
-        relaxed = cls == "draft" and v is not None and i < len(v.relaxed) and v.relaxed[i]
+        relaxed = cls in (ev.DRAFT, ev.COPY) and v is not None and i < len(v.relaxed) and v.relaxed[i]
         spans.append(_token_span(cls, text, title, " tok-relaxed" if relaxed else ""))
     return spans
 
@@ -161,17 +162,25 @@ def _token_title(cls: str, block: int, pos: int, conf: float, v: ev.Verify | Non
         relaxed = i < len(v.relaxed) and v.relaxed[i]
         verdict = f"target's choice {target_choice}" + (" (accepted by the LOSSY threshold)" if relaxed else " ✓")
         return f"{head} · draft position {i + 1} · accepted draft token · draft confidence {conf:.2f} · {verdict}"
+    if cls == "copy":
+        relaxed = i < len(v.relaxed) and v.relaxed[i]
+        verdict = f"target's choice {target_choice}" + (" (accepted by the LOSSY threshold)" if relaxed else " ✓")
+        return f"{head} · block position {i + 1} · copied from an earlier occurrence in the context · {verdict}"
     if cls == "correction":
         proposed = quoted(v.draft_texts[i]) if i < len(v.draft_texts) else "?"
-        return (f"{head} · draft position {i + 1} · target's correction: the draft proposed {proposed}, "
+        who = "the copy" if v.source == ev.COPY else "the draft"
+        return (f"{head} · draft position {i + 1} · target's correction: {who} proposed {proposed}, "
                 f"the target chose {quoted(text)}")
     return f"{head} · bonus token: all {len(v.draft_tokens)} drafted tokens accepted, the target adds {quoted(text)}"
 
 
-def legend_html(has_draft: bool = True, show_rejected: bool = True) -> str:
+def legend_html(has_draft: bool = True, show_rejected: bool = True, copies: bool = False) -> str:
+    """`copies`: the run copies from the context (Request.lookup_ngram), so copied tokens get a legend entry."""
     keys = ["draft", "correction", "bonus", "first"] if has_draft else ["target", "first"]
     if has_draft and show_rejected:
         keys.insert(2, "rejected")
+    if has_draft and copies:
+        keys.insert(1, "copy")
     items = "".join(f'<li><span class="tok tok-{k}">abc</span> {attr(TOKEN_STYLES[k][0])} '
                     f'<span class="cue">({attr(TOKEN_STYLES[k][1])})</span></li>' for k in keys)
     return f'<ul class="dfl-legend" aria-label="Legend">{items}</ul>'
@@ -201,10 +210,11 @@ def token_header_html(run: RunState | list, show_rejected: bool = True) -> str:
     """Legend (colour + non-colour cue for each kind present in this kind of run) and the prompt."""
     st = started(run)
     has_draft = bool(st.has_draft) if st else True
+    copies = bool(st and st.request.get("lookup_ngram"))
     prompt = prompt_of(st)
     head = (f'<div class="dfl-prompt"><b>Prompt:</b> {attr(prompt[:400])}{"…" if len(prompt) > 400 else ""}</div>'
             if prompt else "")
-    return f'<div class="dfl-tokens-head">{legend_html(has_draft, show_rejected)}{head}</div>'
+    return f'<div class="dfl-tokens-head">{legend_html(has_draft, show_rejected, copies)}{head}</div>'
 
 
 FINISH_WORDS = {"eos": "the model ended its answer", "length": "reached max new tokens", "stop": "hit a stop token",

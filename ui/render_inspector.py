@@ -6,6 +6,7 @@ Cells show the draft's token and confidence (shading) or MASK (hatched), the pos
 
 from __future__ import annotations
 
+from dflash import events as ev
 from ui.render import BlockInfo, attr, quoted, show_text
 from ui.run_state import RunState, as_state
 
@@ -25,11 +26,13 @@ def block_summary(info: BlockInfo) -> str:
         token = quoted(v.target_texts[0]) if v.target_texts else ""
         return f"Block {info.block}: no draft — the target decodes one token ({token})."
     a = v.accepted_len
+    copied = v.source == ev.COPY
+    verb, who = ("copied from the context (no draft pass)", "copy") if copied else ("drafted", "draft")
     if a == drafted:
-        return (f"Block {info.block}: all {drafted} drafted tokens accepted, +1 bonus token {quoted(v.target_texts[-1])} "
+        return (f"Block {info.block}: all {drafted} {verb} tokens accepted, +1 bonus token {quoted(v.target_texts[-1])} "
                 f"→ {a + 1} tokens.")
-    return (f"Block {info.block}: {a} of {drafted} drafted tokens accepted; rejected at position {a + 1} "
-            f"(draft {quoted(v.draft_texts[a])}, target {quoted(v.target_texts[a])}) → {a + 1} tokens.")
+    return (f"Block {info.block}: {a} of {drafted} {verb} tokens accepted; rejected at position {a + 1} "
+            f"({who} {quoted(v.draft_texts[a])}, target {quoted(v.target_texts[a])}) → {a + 1} tokens.")
 
 
 def _conf_style(conf: float) -> str:
@@ -45,12 +48,13 @@ def _cell(text: str, conf: float | None, cls: str, title: str) -> str:
 
 def inspector_grid(info: BlockInfo) -> list[list[dict]]:
     """The grid as data (rows of cells), for tests and for the HTML: one row per denoising step, then the
-    verification row. Cell keys: kind ∈ {anchor, mask, new, old, ok, bad, skip, next}, text, conf."""
+    verification row. Cell keys: kind ∈ {anchor, mask, new, old, copy, ok, bad, skip, next}, text, conf."""
     rows: list[list[dict]] = []
+    copied = info.size is not None and info.size.source == ev.COPY  # one row of copied tokens, no confidences
     for s in info.steps:
         row = []
         for i, (text, conf, masked, committed) in enumerate(zip(s.token_texts, s.confidences, s.masked, s.committed)):
-            kind = "anchor" if i == 0 else "mask" if masked else "new" if committed else "old"
+            kind = "anchor" if i == 0 else "copy" if copied else "mask" if masked else "new" if committed else "old"
             row.append({"kind": kind, "text": text, "conf": conf, "pos": i})
         rows.append(row)
     v = info.verify
@@ -103,6 +107,8 @@ def _grid_table(info: BlockInfo) -> str:
         is_verify = info.verify is not None and r == len(grid) - 1
         if is_verify:
             label = "verify"
+        elif info.size is not None and info.size.source == ev.COPY:
+            label = "copied"  # one row: the span that followed the anchor's n-gram earlier, no denoising
         else:
             s = info.steps[r]
             label = attr(f"step {s.step + 1}/{s.n_steps}")
@@ -125,6 +131,8 @@ def _cell_html(c: dict, is_verify: bool) -> str:
                 f'<small class="conf">{c["conf"]:.2f}</small></td>')
     if k == "new":
         return _cell(c["text"], c["conf"], "cell-new", f"committed at this step (confidence {c['conf']:.2f})")
+    if k == "copy":
+        return _cell(c["text"], None, "cell-copy", "copied: it followed the same tokens earlier in the context")
     if k == "old":
         return _cell(c["text"], c["conf"], "cell-old", f"committed at an earlier step (confidence {c['conf']:.2f})")
     if k == "ok":

@@ -74,6 +74,9 @@ def stats_html(run: RunState | list, compare: dict | None = None, hardware: str 
     badges = []
     if st is not None and not st.has_draft:
         badges.append('<span class="badge badge-info">no draft: autoregressive baseline</span>')
+    if s.get("copy_blocks"):
+        badges.append(f'<span class="badge badge-info">{attr(s["copy_blocks"])} of {attr(s["n_verify"])} blocks copied from '
+                      f'the context (τ {s["copy_tau"]:.2f} there)</span>')
     if s.get("lossy"):
         badges.append(f'<span class="badge badge-lossy">⚠ LOSSY (acceptance threshold &lt; 1): {attr(s["drift_tokens"])} '
                       f'tokens accepted that the target would not have chosen</span>')

@@ -109,9 +109,7 @@ def _json_lines(text: str) -> tuple[list, list[str]]:
 
 
 def _run(raw: list, places: list[str], what: str) -> list[ev.Event]:
-    events = [check_event(d, where) for d, where in zip(raw, places)]
-    check_run(events, places, what)
-    return events
+    return check_run([check_event(d, where) for d, where in zip(raw, places)], places, what)
 
 
 def load_trace_file(path: str | Path) -> Trace:
@@ -171,6 +169,9 @@ def describe_frame(e: ev.Event, frame: int, n_frames: int) -> str:
         if e.block == 0:
             return head + "prefill — the target reads the prompt and picks the first token"
         kinds = e.kinds
+        if ev.COPY in kinds:
+            return head + (f"block {e.block}, VERIFY → ACCEPT: {kinds.count(ev.COPY)} copied tokens accepted, "
+                           f"+1 {'correction' if ev.CORRECTION in kinds else 'target token'} ({e.n_out} tokens so far)")
         return head + (f"block {e.block}, VERIFY → ACCEPT: {kinds.count(ev.DRAFT)} draft tokens accepted, "
                        f"+1 {'correction' if ev.CORRECTION in kinds else 'target token'} ({e.n_out} tokens so far)")
     if isinstance(e, ev.Finished):

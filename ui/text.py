@@ -28,6 +28,9 @@ INFO = {
     "confidence": "With steps > 1: commit every position at least this confident at each pass (at least one per pass).",
     "acceptance": ("1.0 = exact: keep a draft token only if it is the target's own choice (lossless). Below 1.0 = LOSSY: "
                    "accept tokens within this fraction of the target's top probability."),
+    "lookup": ("Where the last n committed tokens occurred earlier (prompt or answer), propose what followed them there "
+               "instead of running the draft (prompt lookup; our extension). Exact like the draft: the target still "
+               "checks every token. 0 = off; 2 is a good start."),
     "adaptive": ("How the next block size is chosen: fixed; slow-start (grow ×2 after a fully accepted block, halve after "
                  "an early rejection); cost (maximise expected tokens per second); auto = cost on a CPU, where a "
                  "longer verify costs more, and fixed on a GPU."),
@@ -82,6 +85,10 @@ Pick an example prompt, press **Generate**, then follow one block through the fo
    with an adaptive policy the controller's decisions are written on the curve. On a CPU the default policy
    (auto → cost) soon settles on blocks of 2–3, where it expects the most tokens per second; to watch whole
    blocks of 8 being drafted and verified, set **Policy** to *fixed* under "Adaptive block length".
+
+**Copying** — the draft cannot copy text it has seen, but the target repeats itself (names in code, list items). Set
+**Copy from context** to 2: where the last two tokens occurred before, the block proposes what followed them (wavy
+underline, a "copied" row in the inspector) and the draft is not run. The target still checks every token.
 
 Then press **Compare with autoregressive** to time the same request again with and without the draft, back to back,
 and see the speedup and that the answers are identical. No compute in the room? Load a **bundled trace** in *Replay* and use **Next ▶** to walk

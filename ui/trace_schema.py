@@ -18,7 +18,7 @@ from typing import Any
 from dflash import events as ev
 from dflash.errors import ValidationError
 from dflash.request import MAX_BLOCK_SIZE, MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, MAX_STEPS, Request
-from dflash.stats import compute_stats
+from dflash.stats import LATER_STATS, compute_stats
 from dflash.verify import NO_GAP
 
 MAX_TRACE_BYTES = 20 * 1024 * 1024
@@ -137,6 +137,7 @@ TEXT = text(MAX_TEXT_CHARS)
 IDS = listed(_is_int(0, MAX_TOKEN_ID), f"integers in [0, {MAX_TOKEN_ID}]", MAX_BLOCK_SIZE)
 TEXTS = listed(_is_text(MAX_LABEL_CHARS), f"text of at most {MAX_LABEL_CHARS} characters", MAX_BLOCK_SIZE)
 FLAGS = listed(lambda v: type(v) is bool, "true or false", MAX_BLOCK_SIZE)
+SOURCE = one_of(ev.BLOCK_SOURCES)
 KINDS = listed(lambda v: type(v) is str and v in ev.TOKEN_KINDS, " or ".join(ev.TOKEN_KINDS), MAX_BLOCK_SIZE)
 
 FIELD_RULES: dict[str, dict[str, Rule]] = {
@@ -145,13 +146,14 @@ FIELD_RULES: dict[str, dict[str, Rule]] = {
                 "mask_token_id": optional(_is_int(0, MAX_TOKEN_ID), f"an integer in [0, {MAX_TOKEN_ID}]"),
                 "trained_block_size": optional(_is_int(1, MAX_BLOCK_SIZE), f"an integer in [1, {MAX_BLOCK_SIZE}]")},
     "Prefill": {"n_prompt_tokens": integer(0, MAX_PROMPT_TOKENS), "ms": MS},
-    "BlockSize": {"block": BLOCK, "size": SIZE, "reason": LABEL},
+    "BlockSize": {"block": BLOCK, "size": SIZE, "reason": LABEL, "source": SOURCE},
     "DraftStep": {"block": BLOCK, "step": integer(0, MAX_STEPS - 1), "n_steps": integer(1, MAX_STEPS), "start": POSITION,
                   "tokens": IDS, "token_texts": TEXTS, "masked": FLAGS, "committed": FLAGS, "ms": MS,
                   "confidences": listed(_is_number(0.0, 1.0), "finite numbers in [0.0, 1.0]", MAX_BLOCK_SIZE)},
     "Verify": {"block": BLOCK, "start": POSITION, "block_size": SIZE, "draft_tokens": IDS, "draft_texts": TEXTS,
                "target_tokens": IDS, "target_texts": TEXTS, "accepted": FLAGS, "accepted_len": integer(0, MAX_BLOCK_SIZE - 1),
-               "next_token": integer(0, MAX_TOKEN_ID), "draft_ms": MS, "verify_ms": MS, "relaxed": FLAGS},
+               "next_token": integer(0, MAX_TOKEN_ID), "draft_ms": MS, "verify_ms": MS, "relaxed": FLAGS,
+               "source": SOURCE},
     "Commit": {"block": BLOCK, "token_ids": IDS, "kinds": KINDS, "texts": TEXTS, "text_delta": TEXT,
                "n_out": integer(0, MAX_NEW_TOKENS), "target_tokens": IDS, "t_ms": MS,
                "confidences": listed(_is_number(-1.0, 1.0), "finite numbers in [-1.0, 1.0]", MAX_BLOCK_SIZE),
@@ -226,10 +228,11 @@ def check_event(d: Any, where: str) -> ev.Event:
 _PHASE = {ev.BlockSize: 0, ev.DraftStep: 1, ev.Verify: 2, ev.Commit: 3}
 
 
-def check_run(events: list, places: list[str], what: str) -> None:
+def check_run(events: list, places: list[str], what: str) -> list:
     """The grammar of one run (see dflash/events.py): Started first and once, Finished last, each block's events in
     the order BlockSize, DraftStep…, Verify, Commit (one each but the steps), blocks never going back, and the
-    recorded statistics those of the events."""
+    recorded statistics those of the events. Returns the events, an older trace's statistics completed with those
+    added since (`LATER_STATS`)."""
     if not events or not isinstance(events[0], ev.Started):
         raise TraceError(f"trace: the first {what} must be Started")
     if any(isinstance(e, ev.Started) for e in events[1:]):
@@ -247,9 +250,18 @@ def check_run(events: list, places: list[str], what: str) -> None:
                              "DraftStep…, Verify, Commit, and blocks never go back)")
         last, verified = key, e.block if phase == 2 else verified
     fin = events[-1]
-    if isinstance(fin, ev.Finished) and fin.stats and fin.stats != compute_stats(events[:-1]):
-        raise TraceError(f"trace: {places[-1]} (Finished): 'stats' does not match the run's events "
-                         "(leave it empty to have it computed)")
+    if isinstance(fin, ev.Finished) and fin.stats:
+        computed = compute_stats(events[:-1])
+        if fin.stats != _recorded_as(fin.stats, computed):
+            raise TraceError(f"trace: {places[-1]} (Finished): 'stats' does not match the run's events "
+                             "(leave it empty to have it computed)")
+        events = events[:-1] + [dataclasses.replace(fin, stats=computed)]
+    return events
+
+
+def _recorded_as(recorded: dict, computed: dict) -> dict:
+    """`computed` without the statistics a trace recorded before they existed (`LATER_STATS`), when it lacks them."""
+    return {k: v for k, v in computed.items() if k in recorded or k not in LATER_STATS}
 
 
 def check_meta(meta: dict) -> dict[str, Any]:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # for annotations only: imported where used, so that parsing 
     from dflash.bench.runner import BenchConfig
     from dflash.engine import Engine
 
-DEFAULT_METHODS = "ar,dflash,hf-generate,hf-prompt-lookup"
+DEFAULT_METHODS = "ar,dflash,dflash-lookup,hf-generate,hf-prompt-lookup"
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -101,12 +101,13 @@ def _result_paths(args) -> tuple[Path, Path]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from dflash.bench.runner import check_methods, prepare_prompts, warm_up
+    from dflash.bench.runner import DRAFT_METHODS, check_methods, prepare_prompts, warm_up
 
     cfg = _bench_config(args)
     json_path, md_path = _result_paths(args)
-    if "dflash" in cfg.methods and args.no_draft:
-        raise ValidationError("methods", "--no-draft loads no draft: leave dflash out of --methods")
+    needs = [m for m in cfg.methods if m in DRAFT_METHODS]
+    if needs and args.no_draft:
+        raise ValidationError("methods", f"--no-draft loads no draft: leave {', '.join(needs)} out of --methods")
     engine, info = _bench_engine(args)
     check_methods(engine, cfg)
     items = prepare_prompts(engine, args.prompts, args.limit)

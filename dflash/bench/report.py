@@ -65,6 +65,8 @@ def summarize_method(prompts: list[dict], method: str, baseline: str, repeats: i
         "tau": statistics.fmean(lengths) if lengths else None,
         "acceptance_histogram": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))) if hist else None,
         "draft_share": draft / (draft + verify) if draft + verify > 0 else None,
+        # share of the verify steps whose block was copied from the context (dflash-lookup), not drafted
+        "copy_share": sum(r["stats"].get("copy_blocks", 0) for r in runs) / len(lengths) if lengths else None,
         "rss_peak_mb": max((r["rss_peak_mb"] for r in runs), default=0.0),
         "rss_increase_mb": round(max((r["rss_peak_mb"] - r["rss_before_mb"] for r in runs), default=0.0), 1),
         "repeats_agree": all(p["methods"][method]["repeats_agree"] for p in mine),

@@ -1,7 +1,8 @@
 """Run a method set over a prompt set: warm-up, then on each prompt every method in turn (interleaved), repeated.
 
 Every method gets the same chat-templated prompt ids. `ar` and `dflash` are `Engine.generate` (the one loop)
-without and with the draft; `hf-generate` and `hf-prompt-lookup` are transformers' own `generate()` on the same
+without and with the draft, `dflash-lookup` with the draft and copying from the context first (`lookup_ngram`: the
+request's, or 2; `dflash` never copies); `hf-generate` and `hf-prompt-lookup` are transformers' own `generate()` on the same
 model object (dflash.bench.baselines). The result is a plain dict (schema in docs/bench.md) handed to a callback
 after every prompt, so a long run is written incrementally and can be resumed.
 """
@@ -21,8 +22,10 @@ from dflash.errors import ValidationError
 from dflash.request import Request
 from dflash.stats import diagnose_difference, output_gaps
 
-METHODS = ("ar", "dflash", "hf-generate", "hf-prompt-lookup")
-ENGINE_METHODS = ("ar", "dflash")
+METHODS = ("ar", "dflash", "dflash-lookup", "hf-generate", "hf-prompt-lookup")
+DRAFT_METHODS = ("dflash", "dflash-lookup")  # the methods that need the draft
+ENGINE_METHODS = ("ar",) + DRAFT_METHODS
+DEFAULT_LOOKUP_NGRAM = 2  # dflash-lookup's n-gram length when the request sets none
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,9 @@ def prepare_prompts(engine: Engine, spec: str, limit: int | None = None) -> list
 def run_method(engine: Engine, method: str, ids: list[int], cfg: BenchConfig, max_new_tokens: int | None = None) -> TimedOutput:
     """One generation with one method; returns its output and timings."""
     override = {"max_new_tokens": max_new_tokens} if max_new_tokens else {}
-    req = cfg.make_request(ids, use_draft=method == "dflash", **override)
+    if method in DRAFT_METHODS:  # --lookup-ngram sets dflash-lookup's n-gram; dflash never copies
+        override["lookup_ngram"] = (cfg.request.get("lookup_ngram") or DEFAULT_LOOKUP_NGRAM) if method == "dflash-lookup" else 0
+    req = cfg.make_request(ids, use_draft=method in DRAFT_METHODS, **override)
     if method in ENGINE_METHODS:
         res = engine.generate(req)
         s = res.stats
@@ -186,6 +191,7 @@ def warm_up(engine: Engine, items: list[PromptItem], cfg: BenchConfig) -> None:
 
 
 def check_methods(engine: Engine, cfg: BenchConfig) -> None:
-    if "dflash" in cfg.methods and engine.draft is None:
-        raise ValidationError("methods", "dflash needs a draft model: give --draft (or a preset with a trained draft), "
-                                         "or leave dflash out of --methods")
+    needs = [m for m in cfg.methods if m in DRAFT_METHODS]
+    if needs and engine.draft is None:
+        raise ValidationError("methods", f"{', '.join(needs)} needs a draft model: give --draft (or a preset with a "
+                                         "trained draft), or leave it out of --methods")

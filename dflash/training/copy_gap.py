@@ -14,6 +14,7 @@ from typing import Iterable, Sequence
 
 from dflash.engine import Engine
 from dflash.events import Finished, Started, Verify
+from dflash.lookup import find
 from dflash.training.evaluate import prompt_request
 
 KINDS = ("bigram", "unigram", "none")  # what the context holds for the anchor: see `copy_match`
@@ -21,15 +22,14 @@ KINDS = ("bigram", "unigram", "none")  # what the context holds for the anchor: 
 
 def copy_match(tokens: Sequence[int]) -> tuple[str, int | None]:
     """Where copying would copy from after tokens[-1] (the anchor): ("bigram", j) when the last two tokens occurred
-    together earlier, their most recent occurrence ending at j < len - 1; else ("unigram", j) for the anchor's most
-    recent earlier occurrence; else ("none", None). The copied token is tokens[j + 1]."""
-    n = len(tokens)
-    for j in range(n - 2, 0, -1):
-        if tokens[j] == tokens[-1] and tokens[j - 1] == tokens[-2]:
-            return "bigram", j
-    for j in range(n - 2, -1, -1):
-        if tokens[j] == tokens[-1]:
-            return "unigram", j
+    together earlier, their most recent occurrence ending at j < len - 1 (what the engine's `lookup_ngram=2`
+    copies); else ("unigram", j) for the anchor's most recent earlier occurrence; else ("none", None). The copied
+    token is tokens[j + 1]."""
+    tokens = list(tokens)
+    for kind, n in (("bigram", 2), ("unigram", 1)):
+        j = find(tokens, n)
+        if j is not None:
+            return kind, j
     return "none", None
 
 

@@ -56,7 +56,7 @@ def app():
 
 
 ACCORDION = {"max-new-tokens": "Sampling and length", "acceptance": "Draft and verification",
-             "block-size": "Draft and verification"}
+             "block-size": "Draft and verification", "lookup": "Draft and verification"}
 
 
 def open_page(browser, url: str):
@@ -136,6 +136,22 @@ def test_controls_explain_themselves_and_reset(app, browser):
     page.click("#reset")
     expect(page.locator("#acceptance")).to_contain_text("1.0 = exact (lossless)", timeout=30_000)
     expect(page.locator("#block-size")).to_contain_text("At most the draft's trained size")
+    page.close()
+
+
+def test_copy_from_context_shows_the_copied_tokens_and_resets_to_off(app, browser):
+    page = open_page(browser, app.url)
+    page.locator("#prompt textarea").fill("Once upon a time")
+    set_slider(page, "lookup", 1)
+    set_slider(page, "max-new-tokens", 40)
+    page.click("#generate")
+    expect(page.locator("#status")).to_contain_text("Finished", timeout=300_000)
+    expect(page.locator("#token-legend")).to_contain_text("accepted token copied from the context")
+    assert page.locator("#token-stream .dfl-stream .tok-copy").count() > 0
+    expect(page.locator("#stats")).to_contain_text("blocks copied from the context")
+    page.screenshot(path=str(ARTIFACTS / "playground-copy.png"), full_page=True)
+    page.click("#reset")
+    expect(page.locator("#lookup input[type=number]")).to_have_value("0", timeout=30_000)
     page.close()
 
 

@@ -1,0 +1,68 @@
+"""Copying from the context (prompt lookup): where the last n committed tokens occurred earlier, in the prompt or the
+output, the tokens that followed them there are a proposal for the next ones.
+
+The engine copies first when a request asks (`Request.lookup_ngram` = n > 0): a block whose anchor ends an n-gram
+seen before proposes the copied span and the draft model is not run; the other blocks are drafted as usual. The
+target verifies both alike, so the output stays the target's own.
+
+Why a DFlash draft gains from it: the target repeats itself (names, code, lists, its own phrases), and a one-layer
+DFlash draft cannot copy — a masked block position's attention query comes from the MASK embedding and its position
+only, so where it looks in the context cannot depend on the anchor. TRAINING.md ("Where the first proposal fails")
+measures how often copying is right where the draft is not.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dflash.drafter import Proposal
+from dflash.request import MAX_NGRAM
+
+
+class NgramIndex:
+    """The most recent earlier occurrence of a sequence's last n tokens, kept up to date as the sequence grows, so a
+    lookup costs O(tokens added since the last one), not O(context). The sequence may only grow."""
+
+    def __init__(self, n: int):
+        if not 1 <= n <= MAX_NGRAM:
+            raise ValueError(f"n-gram length must be in [1, {MAX_NGRAM}], got {n}")
+        self.n = n
+        self.last: dict[tuple[int, ...], int] = {}  # n-gram → the position of its last token, most recent
+        self.indexed = 0  # n-grams ending before this position are in `last`
+
+    def find(self, tokens: list[int]) -> int | None:
+        """The end j < len(tokens) - 1 of the most recent earlier occurrence of tokens[-n:]; None without one.
+        The copy proposes tokens[j + 1], tokens[j + 2], …"""
+        n, end = self.n, len(tokens) - 1  # the n-gram to look up ends at `end`; earlier ones are indexed first
+        for j in range(max(self.indexed, n - 1), end):
+            self.last[tuple(tokens[j - n + 1 : j + 1])] = j
+        self.indexed = max(self.indexed, end)
+        return self.last.get(tuple(tokens[-n:])) if len(tokens) > n else None
+
+
+def find(tokens: list[int], n: int) -> int | None:
+    """`NgramIndex.find` for one sequence (no state kept between calls)."""
+    return NgramIndex(n).find(tokens)
+
+
+def copied_span(tokens: list[int], j: int, length: int) -> list[int]:
+    """The `length` tokens after position j. A span that runs into the end of `tokens` starts over from j + 1: the
+    match then lies inside a repeating pattern, and repeating it is the copy's best guess (j < len(tokens) - 1)."""
+    period = tokens[j + 1 :]
+    return (period * (length // len(period) + 1))[:length]
+
+
+def copy_proposal(anchor: int, start: int, span: list[int], vocab_size: int, sampling: dict | None,
+                  device: torch.device) -> Proposal:
+    """A block proposal of copied tokens (positions 1 .. len(span) after `anchor` at absolute position `start`), as
+    one fully committed step for the block inspector. Under the rejection rule (`sampling` given) the proposal law
+    q is a point mass on each copied token: min(1, p/q) accepts a token with probability p(x), and the residual
+    max(0, p - q) is p without x — still lossless."""
+    size = len(span) + 1
+    step = {"step": 0, "n_steps": 1, "start": start, "tokens": [anchor] + span, "confidences": [1.0] * size,
+            "masked": [False] * size, "committed": [False] + [True] * len(span), "ms": 0.0}
+    q = None
+    if sampling is not None:
+        q = torch.zeros(len(span), vocab_size, device=device)  # [n, V]
+        q[torch.arange(len(span), device=device), torch.tensor(span, device=device)] = 1.0
+    return Proposal(list(span), [1.0] * len(span), q, [step], 0.0)
