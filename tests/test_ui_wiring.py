@@ -19,7 +19,7 @@ from ui.wiring import OUT_KEYS, acceptance_label, block_updates, pack
 OUT_IDS = ["token-legend", "token-stream", "block-inspector", "block-length-plot", "acceptance-histogram",
            "position-acceptance-plot", "throughput-plot", "stats", "status", None, None, "history", "replay-step",
            "replay-label", "inspect-block", "export-trace", "export-metrics", "export-history"]
-CONTROL_IDS = ["prompt", "preset", "block-size", "steps", "confidence", "acceptance", "adaptive", "min-block",
+CONTROL_IDS = ["prompt", "preset", "block-size", "steps", "confidence", "acceptance", "lookup", "adaptive", "min-block",
                "max-block", "temperature", "top-p", "max-new-tokens", "seed", "show-rejected", "step-mode"]
 
 
