@@ -158,14 +158,12 @@ def _token_title(cls: str, block: int, pos: int, conf: float, v: ev.Verify | Non
     if v is None:
         return f"{head} · {TOKEN_STYLES.get(cls, (cls,))[0]}"
     target_choice = quoted(v.target_texts[i]) if i < len(v.target_texts) else "?"
-    if cls == "draft":
+    if cls in (ev.DRAFT, ev.COPY):
         relaxed = i < len(v.relaxed) and v.relaxed[i]
         verdict = f"target's choice {target_choice}" + (" (accepted by the LOSSY threshold)" if relaxed else " ✓")
+        if cls == ev.COPY:
+            return f"{head} · block position {i + 1} · copied from an earlier occurrence in the context · {verdict}"
         return f"{head} · draft position {i + 1} · accepted draft token · draft confidence {conf:.2f} · {verdict}"
-    if cls == "copy":
-        relaxed = i < len(v.relaxed) and v.relaxed[i]
-        verdict = f"target's choice {target_choice}" + (" (accepted by the LOSSY threshold)" if relaxed else " ✓")
-        return f"{head} · block position {i + 1} · copied from an earlier occurrence in the context · {verdict}"
     if cls == "correction":
         proposed = quoted(v.draft_texts[i]) if i < len(v.draft_texts) else "?"
         who = "the copy" if v.source == ev.COPY else "the draft"
