@@ -99,6 +99,8 @@ def test_copying_from_the_context_through_the_api_keeps_the_targets_tokens(app):
     base = app.engine.generate(Request(**{**request, "use_draft": False}))
     assert trace.events[-1].output_ids == base.output_ids
     assert final["history_table"]["data"][-1][HISTORY_COLUMNS.index("lookup")] == 1
+    names = [d["name"] for d in json.loads(final["positions"]["plot"])["data"]]  # the charts split by source
+    assert names[-1] == "P(accept | reached), copied" and "drafted" in names[0]
 
 
 def raw_call(app, api_name: str, body: str) -> str:

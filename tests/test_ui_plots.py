@@ -127,3 +127,40 @@ def test_empty_figures_explain_themselves_and_stay_small(runs):
 
 def test_nice_axis_maxima():
     assert [plots._nice(x) for x in (0, 0.3, 1, 1.1, 2.5, 7, 40, 120)] == [1.0, 0.5, 1.0, 2.0, 5.0, 10.0, 50.0, 200.0]
+
+
+def test_a_run_that_copies_splits_every_acceptance_view_by_source(runs):
+    """With copying from the context on, copied blocks get their own series: committed markers, histogram bars
+    (stacked: together they are the run's histogram) and per-position acceptance; the draft's bars count drafted
+    blocks only."""
+    events = runs["copy"]
+    vs = verifies(events)
+    by = {src: [v for v in vs if v.source == src] for src in ev.BLOCK_SOURCES}
+    assert by[ev.DRAFT] and by[ev.COPY]  # the recorded run has both
+    _, drafted, copied = valid(plots.block_length_figure(events)).data
+    for series, src in ((drafted, ev.DRAFT), (copied, ev.COPY)):
+        assert list(series.x) == [v.block for v in by[src]] and list(series.y) == [v.accepted_len + 1 for v in by[src]]
+    assert drafted.marker.symbol != copied.marker.symbol and "copied" in copied.name
+
+    fig = valid(plots.acceptance_histogram_figure(events))
+    assert fig.layout.barmode == "stack" and [b.marker.pattern.shape for b in fig.data] == ["/", "."]
+    total = sum(events[-1].stats["acceptance_histogram"].values())
+    for k, *shares in zip(fig.data[0].x, fig.data[0].y, fig.data[1].y):
+        assert sum(shares) == pytest.approx(events[-1].stats["acceptance_histogram"].get(str(k), 0) / total)
+    assert list(fig.data[1].customdata) == [sum(v.accepted_len + 1 == k for v in by[ev.COPY]) for k in fig.data[1].x]
+
+    bars, line, copy_marks = valid(plots.per_position_figure(events)).data
+    for series, src in ((bars, ev.DRAFT), (copy_marks, ev.COPY)):
+        for k, y in zip(series.x, series.y):
+            reached = [v for v in by[src] if len(v.draft_tokens) >= k and v.accepted_len >= k - 1]
+            assert y == (pytest.approx(sum(v.accepted_len >= k for v in reached) / len(reached)) if reached else None)
+    for k, y in zip(line.x, line.y):
+        blocks = [v for v in by[ev.DRAFT] if len(v.draft_tokens) >= k]
+        assert y == (pytest.approx(sum(v.accepted_len >= k for v in blocks) / len(blocks)) if blocks else None)
+    assert "drafted" in line.name and copy_marks.marker.symbol == "star"
+
+
+def test_a_run_without_copies_keeps_one_series_per_view(runs):
+    assert len(plots.block_length_figure(runs["mixed"]).data) == 2
+    assert len(plots.acceptance_histogram_figure(runs["mixed"]).data) == 1
+    assert len(plots.per_position_figure(runs["mixed"]).data) == 2

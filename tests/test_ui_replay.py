@@ -292,7 +292,7 @@ def test_running_statistics_equal_compute_stats_on_every_prefix(runs):
 def test_undo_takes_back_exactly_one_event(runs):
     """Stepping back (`undo`) leaves the state a fold of the shorter prefix would build, field by field."""
     fields = ("n_events", "started", "prefill", "finished", "blocks", "latest_block", "verifies", "commits", "max_size",
-              "size_changes", "drafted", "reached", "accepted")
+              "size_changes", "positions")
     for events in all_runs(runs):
         state = RunState(undoable=True)
         for e in events:

@@ -18,6 +18,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from dflash import events as ev
 from ui.render import BLUE, GREEN, GREY, ORANGE, VERMILLION, run_stats
 from ui.run_state import RunState, as_state
 
@@ -34,12 +35,12 @@ def _axis(title: str, rng: list[float], **kw: Any) -> dict[str, Any]:
 
 
 def _figure(data: list[dict], title: str, xaxis: dict, yaxis: dict, shapes: list | None = None,
-            annotations: list | None = None, height: int = 270) -> go.Figure:
+            annotations: list | None = None, height: int = 270, **layout_extra: Any) -> go.Figure:
     layout = {"template": NONE_TEMPLATE, "title": {"text": title, "font": {"size": 14}, "x": 0.01}, "height": height,
               "margin": {"l": 52, "r": 12, "t": 36, "b": 44}, "xaxis": xaxis, "yaxis": yaxis,
               "legend": {"orientation": "h", "y": -0.3, "x": 0}, "hovermode": "closest", "font": {"size": 11},
               "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)", "transition": {"duration": 0},
-              "shapes": shapes or [], "annotations": annotations or []}
+              "shapes": shapes or [], "annotations": annotations or [], **layout_extra}
     # Unvalidated for speed (tests validate every figure with go.Figure(fig.to_dict())).
     return go.Figure({"data": data, "layout": layout}, _validate=False)
 
@@ -89,22 +90,41 @@ def _short(reason: str, limit: int = 28) -> str:
     return _plain(reason if len(reason) <= limit else reason[: limit - 1] + "…")
 
 
+def _copied(state: RunState) -> bool:
+    """Whether the run copied any block from the context (Request.lookup_ngram): the views then split by source."""
+    return ev.COPY in state.positions
+
+
+# Per block source: how its series look (colours match the token stream's: drafted blue, copied green).
+SOURCE_STYLE = {ev.DRAFT: {"name": "drafted", "color": VERMILLION, "symbol": "diamond", "bar": BLUE, "pattern": "/"},
+                ev.COPY: {"name": "copied", "color": GREEN, "symbol": "star", "bar": GREEN, "pattern": "."}}
+
+
+def _committed_series(verifies: list, source: str | None) -> dict[str, Any]:
+    """Markers of tokens committed per verify step: every step (`source` None) or the blocks one source proposed."""
+    vs = [v for v in verifies if source is None or v.source == source]
+    style = SOURCE_STYLE[source or ev.DRAFT]
+    name = "tokens committed (accepted + 1)" + (f", {style['name']} blocks" if source else "")
+    return {"type": "scatter", "x": [v.block for v in vs], "y": [v.accepted_len + 1 for v in vs], "mode": "markers",
+            "name": name, "marker": {"color": style["color"], "symbol": style["symbol"], "size": 7,
+                                     "line": {"width": 1, "color": "#ffffff"}},
+            "hovertemplate": "block %{x}: %{y} tokens committed" + (f" ({style['name']})" if source else "") + "<extra></extra>"}
+
+
 def block_length_figure(run: RunState | list) -> go.Figure:
-    """Drafted block size (step line) and tokens committed (accepted + the target's token, markers) per verify
-    step, with the controller's decisions written where the size changes."""
+    """Drafted block size (step line) and tokens committed (accepted + the target's token, markers; one series per
+    source when the run copies from the context) per verify step, with the controller's decisions written where the
+    size changes."""
     state = as_state(run)
     verifies, blocks = state.verifies, state.blocks
     bmax = max_block(state)
     xs = [v.block for v in verifies]
     data = [
         {"type": "scatter", "x": xs, "y": [v.block_size for v in verifies], "mode": "lines", "line": {"shape": "hv",
-         "color": BLUE, "width": 2, "dash": "solid"}, "name": "block size drafted",
+         "color": BLUE, "width": 2, "dash": "solid"}, "name": "block size",
          "hovertext": [_plain(blocks[v.block].size.reason) if blocks[v.block].size else "" for v in verifies],
          "hovertemplate": "block %{x}: size %{y}<br>%{hovertext}<extra></extra>"},
-        {"type": "scatter", "x": xs, "y": [v.accepted_len + 1 for v in verifies], "mode": "markers",
-         "name": "tokens committed (accepted + 1)",
-         "marker": {"color": VERMILLION, "symbol": "diamond", "size": 7, "line": {"width": 1, "color": "#ffffff"}},
-         "hovertemplate": "block %{x}: %{y} tokens committed<extra></extra>"},
+        *([_committed_series(verifies, src) for src in ev.BLOCK_SOURCES] if _copied(state) else [_committed_series(verifies, None)]),
     ]
     shapes = [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": bmax, "y1": bmax,
                "line": {"dash": "dot", "color": GREY, "width": 1}}]
@@ -130,9 +150,10 @@ def acceptance_histogram_figure(run: RunState | list) -> go.Figure:
     hist = {int(k): n for k, n in s["acceptance_histogram"].items()}
     total = sum(hist.values())
     ks = list(range(1, bmax + 1))
-    data = [{"type": "bar", "x": ks, "y": [hist.get(k, 0) / total if total else 0.0 for k in ks], "name": "share of steps",
-             "marker": {"color": BLUE, "pattern": {"shape": "/"}}, "customdata": [hist.get(k, 0) for k in ks],
-             "hovertemplate": "%{x} tokens: %{customdata} steps (%{y:.0%})<extra></extra>"}]
+    data = [_histogram_bars(state, ks, total, src) for src in ev.BLOCK_SOURCES] if _copied(state) else [
+        {"type": "bar", "x": ks, "y": [hist.get(k, 0) / total if total else 0.0 for k in ks], "name": "share of steps",
+         "marker": {"color": BLUE, "pattern": {"shape": "/"}}, "customdata": [hist.get(k, 0) for k in ks],
+         "hovertemplate": "%{x} tokens: %{customdata} steps (%{y:.0%})<extra></extra>"}]
     shapes, notes = [], []
     if total:
         shapes.append({"type": "line", "yref": "paper", "x0": s["tau"], "x1": s["tau"], "y0": 0, "y1": 1,
@@ -142,39 +163,60 @@ def acceptance_histogram_figure(run: RunState | list) -> go.Figure:
     else:
         notes.append(_note("no verify steps yet"))
     dtick = 1 if bmax <= 16 else 2
+    # barmode stack: drafted and copied blocks' shares add up to the run's histogram
     return _figure(data, "Acceptance length (bonus token counted)",
                    _axis("tokens committed per step", [0.4, bmax + 0.6], dtick=dtick),
-                   _axis("share of steps", [0, 1.05], tickformat=".0%"), shapes, notes)
+                   _axis("share of steps", [0, 1.05], tickformat=".0%"), shapes, notes, barmode="stack")
 
 
-def position_rates(run: RunState | list) -> tuple[list[int], list[float | None], list[float | None], list[int]]:
-    """Per draft position k: P(accepted | all earlier accepted), the share of drafted blocks accepted through k,
-    and how many blocks reached k."""
+def _histogram_bars(state: RunState, ks: list[int], total: int, source: str) -> dict[str, Any]:
+    """One source's verify steps by tokens committed, as shares of all the run's steps (stacked with the other's)."""
+    n = [sum(v.accepted_len + 1 == k for v in state.verifies if v.source == source) for k in ks]
+    style = SOURCE_STYLE[source]
+    return {"type": "bar", "x": ks, "y": [c / total if total else 0.0 for c in n], "name": f"{style['name']} blocks",
+            "marker": {"color": style["bar"], "pattern": {"shape": style["pattern"]}}, "customdata": n,
+            "hovertemplate": f"%{{x}} tokens: %{{customdata}} {style['name']} blocks (%{{y:.0%}} of steps)<extra></extra>"}
+
+
+def position_rates(run: RunState | list, source: str = ev.DRAFT) -> tuple[list[int], list[float | None], list[float | None], list[int]]:
+    """Per proposed position k of the blocks `source` proposed (drafted, or copied from the context): P(accepted |
+    all earlier accepted), the share of those blocks accepted through k, and how many blocks reached k."""
     state = as_state(run)
     bmax = max(max_block(state) if state.n_events else 2, 2)
     ks = list(range(1, bmax))
+    c = state.position_counts(source)
     cond, uncond, reached_n = [], [], []
     for k in ks:
-        drafted, reached, accepted = (c[k - 1] if k <= len(c) else 0 for c in (state.drafted, state.reached, state.accepted))
+        proposed, reached, accepted = (x[k - 1] if k <= len(x) else 0 for x in (c.proposed, c.reached, c.accepted))
         cond.append(accepted / reached if reached else None)
-        uncond.append(accepted / drafted if drafted else None)
+        uncond.append(accepted / proposed if proposed else None)
         reached_n.append(reached)
     return ks, cond, uncond, reached_n
 
 
 def per_position_figure(run: RunState | list) -> go.Figure:
+    """Acceptance per drafted position (bars: given the position was reached; line: of all drafted blocks). A run
+    that copies from the context adds its copied blocks' conditional acceptance as its own series: the draft's
+    positions are not mixed with the copy's."""
     state = as_state(run)
     ks, cond, uncond, reached_n = position_rates(state)
+    copied = _copied(state)
+    who = "drafted blocks" if copied else "all blocks"
     data = [
-        {"type": "bar", "x": ks, "y": cond, "name": "P(accept | reached)", "customdata": reached_n,
-         "marker": {"color": GREEN, "pattern": {"shape": "x"}},
+        {"type": "bar", "x": ks, "y": cond, "name": "P(accept | reached)" + (", drafted" if copied else ""),
+         "customdata": reached_n, "marker": {"color": BLUE, "pattern": {"shape": "x"}},
          "hovertemplate": "position %{x}: %{y:.0%} of %{customdata} reaching it<extra></extra>"},
-        {"type": "scatter", "x": ks, "y": uncond, "name": "accepted through k (all blocks)", "mode": "lines+markers",
+        {"type": "scatter", "x": ks, "y": uncond, "name": f"accepted through k ({who})", "mode": "lines+markers",
          "line": {"color": ORANGE, "dash": "dash"}, "marker": {"symbol": "square", "size": 6},
-         "hovertemplate": "position %{x}: %{y:.0%} of drafted blocks<extra></extra>"},
+         "hovertemplate": f"position %{{x}}: %{{y:.0%}} of {who}<extra></extra>"},
     ]
+    if copied:
+        _, ccond, _, creached = position_rates(state, ev.COPY)
+        data.append({"type": "scatter", "x": ks, "y": ccond, "name": "P(accept | reached), copied", "mode": "markers",
+                     "customdata": creached, "marker": {"color": GREEN, "symbol": "star", "size": 10},
+                     "hovertemplate": "position %{x}: %{y:.0%} of %{customdata} copied blocks reaching it<extra></extra>"})
     notes = []
-    if not any(n for n in reached_n):
+    if not any(reached_n) and not copied:
         st = state.started
         notes.append(_note("no drafted positions (no draft)" if st is not None and not st.has_draft else "no blocks yet"))
     bmax = ks[-1] + 1

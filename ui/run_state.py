@@ -29,6 +29,28 @@ class BlockInfo:
 _BLOCK_EVENTS = (ev.BlockSize, ev.DraftStep, ev.Verify, ev.Commit)
 
 
+@dataclass
+class PositionCounts:
+    """Per proposed position k ([k-1]) of one source's blocks: how many proposed k, reached it (every earlier
+    position accepted) and accepted it."""
+
+    proposed: list[int] = field(default_factory=list)
+    reached: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+
+    def add(self, n: int, accepted_len: int) -> None:
+        """One verify of `n` proposed tokens of which the first `accepted_len` were accepted."""
+        for counts in (self.proposed, self.reached, self.accepted):
+            counts.extend([0] * (n - len(counts)))
+        for k in range(1, n + 1):
+            self.proposed[k - 1] += 1
+            self.reached[k - 1] += accepted_len >= k - 1
+            self.accepted[k - 1] += accepted_len >= k
+
+    def copy(self) -> PositionCounts:
+        return PositionCounts(list(self.proposed), list(self.reached), list(self.accepted))
+
+
 class RunState:
     """What the views read from a run's events so far; `add` takes the next event and, when `undoable`, `undo`
     takes the latest one back (a replay stepping back)."""
@@ -46,10 +68,9 @@ class RunState:
         # Controller decisions that changed the size at a verify step (not the clip to the tokens left at the end).
         self.size_changes: list[ev.BlockSize] = []
         self._prev_size: int | None = None
-        # Per draft position k ([k-1]): blocks that drafted k, reached it (all earlier accepted), accepted it.
-        self.drafted: list[int] = []
-        self.reached: list[int] = []
-        self.accepted: list[int] = []
+        # Per block source (drafted or copied from the context) and per position k ([k-1]): blocks that proposed
+        # k, reached it (all earlier accepted), accepted it.
+        self.positions: dict[str, PositionCounts] = {}
         self.cache: dict[Any, Any] = {}  # what render functions keep between frames (token spans)
         self.running = RunningStats()
         self._stats: tuple[int, dict[str, Any]] | None = None
@@ -84,7 +105,7 @@ class RunState:
         if isinstance(e, (ev.Verify, ev.Commit)):
             running = self.running.mark(counts=isinstance(e, ev.Verify))
         if isinstance(e, ev.Verify):
-            counts = (list(self.drafted), list(self.reached), list(self.accepted))
+            counts = {src: c.copy() for src, c in self.positions.items()}
         return (self.n_events, self.started, self.prefill, self.finished, self.latest_block, self.max_size, self._prev_size,
                 len(self.verifies), len(self.commits), len(self.size_changes), block, running, counts)
 
@@ -104,7 +125,7 @@ class RunState:
         if running is not None:
             self.running.restore(running)
         if counts is not None:
-            self.drafted, self.reached, self.accepted = counts
+            self.positions = counts
         self._stats = None
 
     def _block_event(self, e: ev.BlockSize | ev.DraftStep | ev.Verify | ev.Commit) -> None:
@@ -129,13 +150,11 @@ class RunState:
             self.running.commit(e, info.verify)
 
     def _count_positions(self, v: ev.Verify) -> None:
-        n, a = len(v.draft_tokens), v.accepted_len
-        for counts in (self.drafted, self.reached, self.accepted):
-            counts.extend([0] * (n - len(counts)))
-        for k in range(1, n + 1):
-            self.drafted[k - 1] += 1
-            self.reached[k - 1] += a >= k - 1
-            self.accepted[k - 1] += a >= k
+        self.positions.setdefault(v.source, PositionCounts()).add(len(v.draft_tokens), v.accepted_len)
+
+    def position_counts(self, source: str = ev.DRAFT) -> PositionCounts:
+        """The per-position counts of the blocks `source` proposed (empty when it proposed none)."""
+        return self.positions.get(source, PositionCounts())
 
     def _note_change(self, v: ev.Verify) -> None:
         d = self.blocks[v.block].size

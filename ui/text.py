@@ -88,7 +88,8 @@ Pick an example prompt, press **Generate**, then follow one block through the fo
 
 **Copying** — the draft cannot copy text it has seen, but the target repeats itself (names in code, list items). Set
 **Copy from context** to 2: where the last two tokens occurred before, the block proposes what followed them (wavy
-underline, a "copied" row in the inspector) and the draft is not run. The target still checks every token.
+underline, a "copied" row in the inspector) and the draft is not run. The target still checks every token. The
+charts then show copied blocks as their own series (stars), so the draft's own acceptance stays visible.
 
 Then press **Compare with autoregressive** to time the same request again with and without the draft, back to back,
 and see the speedup and that the answers are identical. No compute in the room? Load a **bundled trace** in *Replay* and use **Next ▶** to walk
