@@ -48,10 +48,15 @@ class DFlashConfig:
         return "auto"
 
     def request(self, **kw: Any) -> Request:
-        return Request(block_size=self.block_size, max_block_size=self.max_block_size, min_block_size=self.min_block_size,
-                       diffusion_steps=self.diffusion_steps, confidence_threshold=self.confidence_threshold,
-                       acceptance_threshold=self.acceptance_threshold, adaptive=self.policy(), verify=self.verify,
-                       lookup_ngram=self.lookup_ngram, **kw)
+        """A request with this config's options; `kw` (the prompt, and any option given per call) overrides them."""
+        fields = dict(block_size=self.block_size, max_block_size=self.max_block_size, min_block_size=self.min_block_size,
+                      diffusion_steps=self.diffusion_steps, confidence_threshold=self.confidence_threshold,
+                      acceptance_threshold=self.acceptance_threshold, adaptive=self.policy(), verify=self.verify,
+                      lookup_ngram=self.lookup_ngram)
+        unknown = sorted(set(kw) - set(Request.__dataclass_fields__))
+        if unknown:
+            raise ValidationError(unknown[0], "is not a generation option")
+        return Request(**{**fields, **kw})
 
 
 class DFlashModel:

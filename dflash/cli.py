@@ -65,6 +65,16 @@ def request_kwargs(args: argparse.Namespace) -> dict:
                 verify=args.verify, deadline_s=args.deadline, lookup_ngram=args.lookup_ngram)
 
 
+# The decoding options that only shape drafted blocks, with their defaults (`generate --no-draft` names those given).
+DRAFT_ONLY_DEFAULTS = {"block_size": None, "steps": 1, "confidence_threshold": 0.9, "adaptive": "auto",
+                       "min_block_size": 2, "max_block_size": None, "acceptance_threshold": 1.0, "lookup_ngram": 0}
+
+
+def draft_only_options(args: argparse.Namespace) -> list[str]:
+    """The draft-only options given a value other than their default, as command-line flags."""
+    return ["--" + k.replace("_", "-") for k, v in DRAFT_ONLY_DEFAULTS.items() if getattr(args, k) != v]
+
+
 def check_model_args(args: argparse.Namespace) -> None:
     """Option errors found before any model loads: one line naming the option, exit status 2."""
     import torch
@@ -94,8 +104,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from dflash.events import Commit, Finished, event_to_dict
     from dflash.request import Request
 
-    if args.prompt is None and args.prompt_ids is None:
-        raise DFlashError("generate: give --prompt TEXT or --prompt-ids 1,2,3")
+    if (args.prompt is None) == (args.prompt_ids is None):
+        raise ValidationError("--prompt", "give --prompt TEXT or --prompt-ids 1,2,3 (one of them, not both)")
     ids = None
     if args.prompt_ids is not None:
         try:
@@ -104,6 +114,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
             raise DFlashError("--prompt-ids: must be comma-separated integers") from None
     request = Request(prompt=args.prompt or "", prompt_ids=ids, **request_kwargs(args))
     check_model_args(args)
+    unused = draft_only_options(args) if args.no_draft else []
+    if unused:  # accepted (the same command line can time both runs) but said, never silently dropped
+        print(f"note: no effect with --no-draft (they shape drafted blocks only): {', '.join(unused)}", file=sys.stderr)
     trace = open_trace(args.trace)  # before the model loads: a bad path fails in a second, not after the load
     engine, info = engine_from_args(args)
     if not args.json:

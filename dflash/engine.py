@@ -253,7 +253,11 @@ class Engine:
 
         Copied blocks and drafted blocks have a block-size controller each: their acceptance differs too much
         (a copy is often right for many tokens, or wrong at once) for one estimate to serve both."""
-        controllers = {source: make_controller(run.req.adaptive, *sizes) for source in ev.BLOCK_SOURCES}
+        # A copied block holds at least the anchor and one copied token (a block of one proposes nothing).
+        copy_sizes = (max(sizes[0], 2), max(sizes[1], 2), sizes[2])
+        controllers = {ev.DRAFT: make_controller(run.req.adaptive, *sizes)}
+        if sizes[2] >= 2:
+            controllers[ev.COPY] = make_controller(run.req.adaptive, *copy_sizes)
         finish = yield from self._start(run, prompt_ids, stopped)
         if finish:
             return finish
@@ -264,12 +268,11 @@ class Engine:
             if finish:
                 return finish
             block += 1
-            copy = run.copy_span(sizes[2] - 1)  # None, or the longest span a block may copy
-            source = ev.DRAFT if copy is None else ev.COPY
-            step = yield from self._step(run, block, *chosen[source], copy)
+            copy = run.copy_span(sizes[2] - 1) if ev.COPY in controllers else None  # None, or the longest span to copy
+            step = yield from self._step(run, block, *chosen[ev.DRAFT if copy is None else ev.COPY], copy)
             if step.finish:
                 return step.finish, ""
-            chosen[source] = controllers[source].update(step.outcome)
+            chosen[step.source] = controllers[step.source].update(step.outcome)
 
     def _start(self, run: Run, prompt_ids: list[int], stopped: Stopped) -> Generator[ev.Event, None, Finish | None]:
         """Prefill the prompt and commit the target's first token. Yields Prefill and Commit; returns (finish
@@ -336,7 +339,7 @@ class Engine:
         commit, why = self._commit(run, block, drafted[:a] + [res.next_token], kinds, confs, res.target_tokens[: a + 1],
                                    logits[: a + 1])
         yield commit
-        return StepResult(committed=commit.token_ids, outcome=StepOutcome(b, a, draft_ms, verify_ms), finish=why)
+        return StepResult(commit.token_ids, StepOutcome(b, a, draft_ms, verify_ms), why, source)
 
     def _draft(self, run: Run, block: int, start: int, b: int,
                copy: list[int] | None) -> Generator[ev.Event, None, Proposal | None]:

@@ -39,3 +39,16 @@ def test_article_api_on_the_default_target(tmp_path):
     lossy.generate("What is 2 + 2?", max_new_tokens=12, temperature=0.7, top_p=0.9)
     assert lossy.last_result.stats["lossy"]
     assert isinstance(lossy.engine, Engine)
+
+
+def test_options_given_per_call_override_the_config(engine):
+    """generate(..., block_size=2, lookup_ngram=1) on a model whose config sets both: the call's values win (before,
+    a TypeError about a keyword given twice); an unknown option is a ValidationError naming it."""
+    model = DFlashModel(DFlashConfig(block_size=4, lookup_ngram=2), engine)
+    model.generate("", prompt_ids=(5, 6, 7, 5, 6), max_new_tokens=6, block_size=2, lookup_ngram=1)
+    request = model.last_result.events[0].request
+    assert request["block_size"] == 2 and request["lookup_ngram"] == 1
+    model.generate("", prompt_ids=(5, 6, 7), max_new_tokens=4)
+    assert model.last_result.events[0].request["block_size"] == 4  # the config's again
+    with pytest.raises(ValidationError, match="block_sise"):
+        model.generate("x", block_sise=2)

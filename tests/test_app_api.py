@@ -25,7 +25,8 @@ from ui.engines import EngineProvider
 from ui.handlers import CONTROL_KEYS, STOPPED_IN_QUEUE, Playground, Settings, defaults
 from ui.exports import HISTORY_COLUMNS
 from ui.layout import OUT_KEYS
-from ui.replay import bundled_traces, parse_trace
+from ui.replay import bundled_traces, frames, parse_trace
+from ui.text import REPLAY_WAITS
 
 CLIENT_KEYS = [k for k in OUT_KEYS if k not in ("trace", "history")]  # State outputs are not sent to clients
 
@@ -80,7 +81,7 @@ def test_generation_streams_updates_and_ends_with_the_engines_statistics(app):
         assert fig["data"], key
     assert json.loads(final["block_length"]["plot"])["data"][0]["y"] == trace.events[-1].stats["block_sizes"]
     rows = Path(final["export_metrics"]).read_text().splitlines()
-    assert rows[0].startswith("block,start,block_size") and len(rows) == 1 + sum(
+    assert rows[0].startswith("block,source,start,block_size") and len(rows) == 1 + sum(
         1 for e in trace.events if type(e).__name__ == "Commit")
     assert final["history_table"]["data"][-1][CLIENT_HISTORY_TOKENS] == 48
 
@@ -247,6 +248,40 @@ def test_play_is_refused_while_a_generation_of_the_session_runs(paced_app):
         client.close()
 
 
+def test_replay_controls_leave_a_running_generation_alone(paced_app):
+    """Prev / Next / the step slider during a generation of the session: they say so and draw nothing (before, they
+    painted the previous run's frame over the live view); afterwards they replay the new run."""
+    client = Client(paced_app.url, verbose=False)
+    try:
+        client.predict(next(iter(bundled_traces())), True, api_name="/load_trace")  # a previous trace in the session
+        job = client.submit(*args(max_new_tokens=50), api_name="/generate")
+        wait_for(lambda: len(job.outputs()) >= 2)
+        for api in ("/step_next", "/step_prev", "/show_frame"):
+            out = named(client.predict(0, 0, True, api_name=api))
+            assert out["replay_label"] == REPLAY_WAITS, api
+            assert all(unchanged(v) for k, v in out.items() if k != "replay_label"), api
+        final = named(job.result(timeout=300))
+        assert "Finished (length)" in final["status"]
+        stepped = named(client.predict(0, 0, True, api_name="/step_next"))
+        assert stepped["replay_label"].startswith("Frame 2/")
+    finally:
+        client.close()
+
+
+def test_the_rejected_switch_changed_during_a_run_holds_for_its_final_view():
+    """The switch's handler changes the running generation's look (SessionRuns.look); the run's last update is
+    drawn with it (before, with the value the run started with)."""
+    pg = Playground(EngineProvider({"default": tiny_text_engine(block_size=8)}))
+    values = {**defaults(8), "prompt": PROMPT, "max_new_tokens": 24, "show_rejected": False}
+    run = pg.generate(values, [], "s1")
+    next(run)
+    look = pg.runs.look("s1")
+    assert look is not None and look.show_rejected is False and pg.runs.look("other") is None
+    look.show_rejected = True
+    *_, final = run
+    assert "tok-rejected" in final["tokens"] and pg.runs.look("s1") is None
+
+
 def test_compare_with_autoregressive_shows_speedup_and_identical_output(app):
     app.client.predict(*args(max_new_tokens=24), api_name="/generate")
     final = named(app.client.predict(False, api_name="/compare"))
@@ -284,6 +319,14 @@ def test_compare_times_the_run_again_beside_the_baseline(app, monkeypatch):
     curves = json.loads(final["throughput"]["plot"])["data"]
     assert curves[0]["y"][-1] == n and curves[0]["x"][-1] == pytest.approx(trace.events[-2].t_ms / 1000, abs=1e-3)
     assert final["history_table"]["data"][-1][HISTORY_COLUMNS.index("tok/s")] == round(run_tps, 2)
+    # Every view now shows the timed run (the cost policy's blocks follow timings, so they may differ from the shown
+    # run's): charts, statistics, tokens, the replay and block pickers' ranges and the history row.
+    stats = trace.events[-1].stats
+    assert json.loads(final["block_length"]["plot"])["data"][0]["y"] == stats["block_sizes"]
+    assert f'data-tau="{stats["tau"]:.4f}"' in final["stats"] and n_tokens(final["tokens"]) == n
+    assert final["replay"]["maximum"] == len(frames(trace.events)) - 1
+    assert final["inspect_block"]["maximum"] == max(e.block for e in trace.events if hasattr(e, "block"))
+    assert final["history_table"]["data"][-1][HISTORY_COLUMNS.index("τ")] == round(stats["tau"], 2)
 
 
 def test_every_forward_of_a_request_runs_on_the_torch_thread(app):

@@ -168,3 +168,24 @@ def test_lookup_ngram_copies_from_the_context_without_changing_the_output(models
     sources = [e["source"] for e in map(json.loads, trace.read_text().splitlines()) if e["type"] == "Verify"]
     assert out["stats"]["copy_blocks"] == sources.count("copy") > 0
     assert_option_error(generate(*base, "--lookup-ngram", "9"), "lookup_ngram")
+
+
+def test_prompt_and_prompt_ids_together_or_neither_is_an_option_error(models):
+    """One of --prompt and --prompt-ids: both given, one would be dropped silently; neither, there is nothing to say."""
+    target = ["--target", str(models / "target")]
+    assert_option_error(generate(*target, "--prompt", "hello", "--prompt-ids", "1,2"), "--prompt")
+    assert_option_error(generate(*target), "--prompt")
+
+
+def test_draft_only_options_under_no_draft_are_named_not_silently_dropped(models):
+    """--no-draft with --lookup-ngram / --steps: the run is the no-draft one (same output) and stderr says which
+    options had no effect; without such options there is no note."""
+    base = ["--target", str(models / "target"), "--no-draft", "--prompt-ids", "5,6,7", "--max-new-tokens", "6", "--json",
+            "--dtype", "float32"]
+    noted = generate(*base, "--lookup-ngram", "2", "--steps", "3")
+    plain = generate(*base)
+    assert noted.returncode == plain.returncode == 0, noted.stderr
+    assert json.loads(noted.stdout)["output_ids"] == json.loads(plain.stdout)["output_ids"]
+    note = [x for x in noted.stderr.splitlines() if x.startswith("note:")]
+    assert len(note) == 1 and "--steps" in note[0] and "--lookup-ngram" in note[0] and "--no-draft" in note[0]
+    assert "note:" not in plain.stderr

@@ -267,20 +267,23 @@ def test_a_swap_gives_the_old_engines_cuda_memory_back():
     assert two[0] <= one[0] and two[1] <= one[1]  # one large model's worth, not two
 
 
-def test_the_playground_refuses_a_bad_setting_at_start_in_one_line():
-    """`python app.py` with a bad DFLASH_PRESETS stops before loading anything, naming the variable."""
+@pytest.mark.parametrize("setting,message", [({PRESETS_ENV: "default,qwen9"}, f"{PRESETS_ENV}: unknown preset 'qwen9'"),
+                                             ({"DFLASH_THREADS": "abc"}, "DFLASH_THREADS: must be a whole number")])
+def test_the_playground_refuses_a_bad_setting_at_start_in_one_line(setting, message):
+    """`python app.py` with a bad DFLASH_PRESETS or DFLASH_THREADS stops before loading anything, naming the
+    variable."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, PRESETS_ENV: "default,qwen9", "DFLASH_AUTO_INSTALL": "0"}
+    env = {**os.environ, **setting, "DFLASH_AUTO_INSTALL": "0"}
     env.pop("SPACE_ID", None)
     done = subprocess.run([sys.executable, "app.py"], cwd=root, env=env, capture_output=True, text=True, timeout=120,
                           check=False)
     assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines()[-1].startswith(f"dflash-playground: {PRESETS_ENV}: unknown preset 'qwen9'")
+    assert done.stderr.strip().splitlines()[-1].startswith(f"dflash-playground: {message}")
 
 
 def test_over_http_a_visitor_cannot_load_a_model_with_a_bad_request_or_an_unoffered_preset(tmp_path):

@@ -137,10 +137,22 @@ def test_a_run_that_copies_splits_every_acceptance_view_by_source(runs):
     vs = verifies(events)
     by = {src: [v for v in vs if v.source == src] for src in ev.BLOCK_SOURCES}
     assert by[ev.DRAFT] and by[ev.COPY]  # the recorded run has both
-    _, drafted, copied = valid(plots.block_length_figure(events)).data
-    for series, src in ((drafted, ev.DRAFT), (copied, ev.COPY)):
-        assert list(series.x) == [v.block for v in by[src]] and list(series.y) == [v.accepted_len + 1 for v in by[src]]
+    fig = valid(plots.block_length_figure(events))
+    size_d, size_c, drafted, copied = fig.data
+    for series, size, src in ((drafted, size_d, ev.DRAFT), (copied, size_c, ev.COPY)):
+        assert list(series.x) == list(size.x) == [v.block for v in by[src]]
+        assert list(series.y) == [v.accepted_len + 1 for v in by[src]] and list(size.y) == [v.block_size for v in by[src]]
     assert drafted.marker.symbol != copied.marker.symbol and "copied" in copied.name
+    assert size_d.line.dash != size_c.line.dash and "copied" in size_c.name
+    # Each controller's decisions are written against its own previous block, never at a switch of source alone.
+    sizes = {e.block: e for e in events if isinstance(e, ev.BlockSize)}
+    changes = [b for src in ev.BLOCK_SOURCES for a, b in zip(by[src], by[src][1:])
+               if a.block_size != b.block_size and "clipped" not in sizes[b.block].reason]
+    written = plots.spaced(sorted((sizes[v.block] for v in changes), key=lambda d: d.block),
+                           math.ceil(plots.NOTE_SPAN * (fig.layout.xaxis.range[1] - 0.5)))
+    arrows = [a for a in fig.layout.annotations if a.showarrow]
+    assert [a.text for a in arrows] == [plots._short(plots.decision(d)) for d in written]
+    assert all(not a.text.startswith("copy from the context") for a in arrows)
 
     fig = valid(plots.acceptance_histogram_figure(events))
     assert fig.layout.barmode == "stack" and [b.marker.pattern.shape for b in fig.data] == ["/", "."]

@@ -400,3 +400,43 @@ def test_compare_status_line_says_why_the_outputs_differ(tmp_path):
     assert (f"outputs different ✗ at token {k}: expected, the run is lossy (acceptance threshold below 1)"
             in lossy["status"])
     assert lossy["history"][-1]["identical"] == f"✗ at {k}"
+
+
+def test_copied_blocks_are_described_as_copies_everywhere(runs):
+    """Hover text, inspector summary, grid tips, verdict line and key, replay narration and the metrics CSV say a
+    copied block was copied from the context (before, several of them called it a draft)."""
+    events = runs["copy"]
+    vs = [v for v in events if isinstance(v, ev.Verify)]
+    copies = [v for v in vs if v.source == ev.COPY]
+    rejected = next(v for v in copies if v.accepted_len < len(v.draft_tokens))
+    spans = " ".join(render.token_spans(events, show_rejected=True))
+    assert f"block {rejected.block} · block position {rejected.accepted_len + 1} · rejected copied token" in spans
+    html = render_inspector.inspector_html(events, rejected.block)
+    assert "tokens copied from the context (no draft pass) accepted" in html and "rejected: copy " in html
+    assert "copied (no draft pass)" in html and "wavy underline</span> = copied from the context" in html
+    assert "draft confidence" not in html and " · draft " not in html
+    drafted = next(v for v in vs if v.source == ev.DRAFT and v.draft_tokens)
+    assert "shading = draft confidence" in render_inspector.inspector_html(events, drafted.block)
+    idx = frames(events)
+    labels = {events[i].block: frame_label(events, f) for f, i in enumerate(idx)
+              if isinstance(events[i], ev.Commit) and events[i].block == rejected.block}
+    assert f"{rejected.accepted_len} copied tokens accepted" in labels[rejected.block]
+    steps = [frame_label(events, f) for f, i in enumerate(idx) if isinstance(events[i], ev.DraftStep)
+             and events[i].block == rejected.block]
+    assert steps and all("COPY — " in s and "DRAFT" not in s for s in steps)
+    rows = {int(r["block"]): r for r in csv.DictReader(io.StringIO(metrics_csv(events)))}
+    assert rows[rejected.block]["source"] == "copy" and rows[rejected.block]["denoising_steps"] == "0"
+    assert rows[drafted.block]["source"] == "draft" and rows[drafted.block]["denoising_steps"] == "1"
+    assert int(rows[rejected.block]["proposed"]) == len(rejected.draft_tokens)
+
+
+def test_history_shows_no_lookup_for_a_run_without_a_draft(runs):
+    """The engine copies only where a draft runs, so a no-draft run's history row says lookup 0 whatever was asked."""
+    from ui.exports import history_row
+
+    events = runs["copy"]
+    assert history_row(1, "generate", "default", events)["lookup"] == 1
+    st = events[0]
+    no_draft = [dataclasses.replace(st, has_draft=False)] + events[1:]
+    row = history_row(2, "generate", "default", no_draft)
+    assert row["lookup"] == 0 and row["block"] == 1 and row["draft"] == "no"

@@ -52,18 +52,21 @@ def history_row(run_id: int, source: str, preset: Any, events: list) -> dict[str
             "block": (r.get("block_size") or (st.trained_block_size if st else "")) if has_draft else 1,
             "steps": r.get("diffusion_steps", ""), "conf thr": r.get("confidence_threshold", ""),
             "accept thr": r.get("acceptance_threshold", ""), "adaptive": r.get("adaptive", ""),
-            "lookup": r.get("lookup_ngram", 0),
+            "lookup": r.get("lookup_ngram", 0) if has_draft else 0,  # the engine copies only where a draft runs
             "temperature": r.get("temperature", ""), "top_p": r.get("top_p", ""), "max new": r.get("max_new_tokens", ""),
             "seed": r.get("seed", ""), "tokens": s["n_output_tokens"], "τ": round(s["tau"], 2),
             "tok/s": round(s["tokens_per_s"], 2), "TTFT ms": round(s["ttft_ms"]), "draft share": round(s["draft_share"], 2),
             "finish": fin.reason if fin else "", "baseline tok/s": "", "speedup": "", "identical": ""}
 
 
-def with_comparison(history: list | None, run_id: int, comp: dict) -> list:
-    """A copy of the history with the compared run's row completed (baseline speed, speedup, identical)."""
+def with_comparison(history: list | None, run_id: int, comp: dict, events: list | None = None) -> list:
+    """A copy of the history with the compared run's row completed (baseline speed, speedup, identical); `events`:
+    the run now shown in its place (the timed repeat), whose row replaces the old one's statistics first."""
     history = [dict(r) for r in history or []]
     for r in history:
         if r.get("run") == run_id and r.get("source") == "run":
+            if events is not None:
+                r.update(history_row(run_id, "run", r.get("preset", ""), events))
             r.update({"tok/s": round(comp["run_tokens_per_s"], 2),  # the timed run's, as the speedup's
                       "baseline tok/s": round(comp["baseline_tokens_per_s"], 2), "speedup": round(comp["speedup"], 2),
                       "identical": "✓" if comp["identical"] else

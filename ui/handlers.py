@@ -32,7 +32,7 @@ from ui.engines import EngineProvider, wait_until_free
 from ui.exports import history_row, history_table, with_comparison, write_exports
 from ui.live import FrameThrottle, RunLook, dtype_of, final_status, hardware, live_status
 from ui.render_inspector import inspector_html
-from ui.render_stats import comparison, difference_words, stats_html
+from ui.render_stats import comparison, compared_status, stats_html
 from ui.replay import Replay, Trace, TraceError, bundled_traces, events_at, frame_label, frames, load_trace_file
 from ui.run_state import RunState, as_state
 from ui.sessions import GENERATION, REPLAY, SessionRuns
@@ -153,9 +153,9 @@ class Playground:
                        min_block_size=_whole(values.get("min_block")), max_block_size=_whole(values.get("max_block")),
                        deadline_s=self.settings.deadline_s)
 
-    def _start(self, engine: Engine, preset: str, request: Request, session: str):
+    def _start(self, engine: Engine, preset: str, request: Request, session: str, look: RunLook):
         """(event stream, its cancel flag) for this session; the flag is dropped again if the start fails."""
-        cancel = self.runs.begin(session, GENERATION)
+        cancel = self.runs.begin(session, GENERATION, look)
         try:
             return self._stream(engine, preset, request, cancel), cancel
         except BaseException:
@@ -177,7 +177,7 @@ class Playground:
         # Every value is checked before a model is loaded for it; the load follows the visitor rules (ui/engines.py).
         engine, request = self.engines.for_request(preset, self.make_request(values))
         look = RunLook(bool(values.get("show_rejected", True)), bool(values.get("step_mode")), hardware(engine))
-        stream, cancel = self._start(engine, preset, request, session)
+        stream, cancel = self._start(engine, preset, request, session, look)
         try:
             events = yield from self._live(stream, request, look)
         finally:
@@ -251,7 +251,8 @@ class Playground:
         finally:
             self.runs.end(session, cancel)
         timed_run, base = timed if len(timed) == 2 else (None, timed[0])
-        yield self._compared(state, trace, timed_run, base, history, str(engine.target.dtype).removeprefix("torch."))
+        yield self._compared(state, trace, timed_run, base, history, str(engine.target.dtype).removeprefix("torch."),
+                             show_rejected)
 
     def _timed_request(self, trace: Trace) -> Request:
         """The run's request for just as many tokens as the run produced (a fair, shorter comparison), under this
@@ -272,30 +273,25 @@ class Playground:
         return events
 
     def _compared(self, state: dict, trace: Trace, timed: list | None, base: list, history: list | None,
-                  dtype: str) -> dict[str, Any]:
-        """The comparison's update: statistics, throughput chart and status, the trace with its baseline, the
-        run's history row completed, and the exports. Where the timed run repeated the run's output (it always
-        should: same request, same seed) the trace keeps its events, so every later view shows the timed speed.
-        `timed` None (ZeroGPU): the run's own timing is compared."""
+                  dtype: str, show_rejected: bool) -> dict[str, Any]:
+        """The comparison's update: every view, the trace with its baseline, the run's history row completed, and the
+        exports. Where the timed run repeated the run's output (it always should: same request, same seed) it takes
+        the run's place — a new trace, every view redrawn from it, since a block policy driven by timings may have
+        cut its blocks differently. `timed` None (ZeroGPU): the run's own timing is compared."""
         comp = comparison(trace.events, base, dtype, timed=timed)
-        repeated = timed is None or render.finished(timed).output_ids == render.finished(trace.events).output_ids
-        if timed is not None and repeated:
-            trace.events = timed
-        trace.baseline = base
-        run_id = state.get("run_id", 0)
-        history = with_comparison(history, run_id, comp)
-        same = ("identical ✓" if comp["identical"] else
-                f"different ✗ at token {comp['first_diff']}: {difference_words(comp)}")
-        note = "" if repeated else " (the timed run's output differed from the shown run's: speed from the timed run)"
-        how = " (timed back to back)" if timed is not None else ""
-        return {"stats": stats_html(trace.events, comp, state.get("hardware", "")),
-                "throughput": plots.throughput_figure(timed or trace.events, base),
-                "status": f"**Compared with autoregressive:** DFlash {comp['run_tokens_per_s']:.1f} tok/s, baseline "
-                          f"{comp['baseline_tokens_per_s']:.1f} tok/s{how}, speedup "
-                          f"{comp['speedup']:.2f}×, outputs {same}.{note}",
-                "trace": trace_state(trace, **{k: v for k, v in state.items() if k not in ("replay", "compare")},
-                                     compare=comp),
-                **_history_views(history), **self.exports(trace, history, run_id)}
+        repeated = timed is not None and render.finished(timed).output_ids == render.finished(trace.events).output_ids
+        run = timed if repeated else trace.events
+        trace, run_id = Trace(run, trace.meta, base), state.get("run_id", 0)
+        history = with_comparison(history, run_id, comp, run if repeated else None)
+        new = trace_state(trace, **{k: v for k, v in state.items() if k not in ("replay", "compare")}, compare=comp)
+        replay, hw = new["replay"], state.get("hardware", "")
+        with replay.lock:
+            shown = view(replay.seek(replay.n_frames - 1), show_rejected, baseline=base, compare=comp, hw=hw)
+            label = replay.label(replay.n_frames - 1)
+        return {**shown, "throughput": plots.throughput_figure(timed or run, base), "trace": new,
+                "status": compared_status(comp, timed is not None, timed is None or repeated),
+                **_cursor(replay.n_frames, replay.n_frames - 1, label, run), **_history_views(history),
+                **self.exports(trace, history, run_id)}
 
     # -- replay ------------------------------------------------------------------------------------------------
     def load_bundled(self, label: Any, show_rejected: bool) -> dict[str, Any]:
@@ -319,8 +315,9 @@ class Playground:
         last = replay.n_frames - 1
         with replay.lock:
             shown = view(replay.seek(last), show_rejected, baseline=replay.baseline_state(), compare=comp, hw=hw)
+            label = replay.label(last)
         return {**shown, "status": f"**Loaded {source} trace:** {title}" + (f" — {note}" if note else ""),
-                "trace": state, **_cursor(replay.n_frames, last, replay.label(last), trace.events)}
+                "trace": state, **_cursor(replay.n_frames, last, label, trace.events)}
 
     def show_frame(self, state: dict | None, frame: Any, block: Any, show_rejected: bool, charts: bool = True) -> dict[str, Any]:
         if not state:
@@ -332,7 +329,8 @@ class Playground:
             done = shown.finished is not None
             out = view(shown, show_rejected, _block(block), replay.baseline_state() if done else None,
                        state.get("compare") if done else None, state.get("hardware", ""), charts=charts)
-        return {**out, "replay_label": replay.label(frame)}
+            label = replay.label(frame)
+        return {**out, "replay_label": label}
 
     def step(self, state: dict | None, frame: Any, delta: int, block: Any, show_rejected: bool) -> dict[str, Any]:
         if not state:

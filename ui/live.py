@@ -15,10 +15,10 @@ from dflash import events as ev
 from ui import render
 
 
-@dataclass(frozen=True)
+@dataclass
 class RunLook:
     """How a run is shown: with its rejected draft tokens or not, recorded for step mode or animated, and the
-    hardware line of its statistics."""
+    hardware line of its statistics. `show_rejected` follows the switch while the run streams (SessionRuns.look)."""
 
     show_rejected: bool
     step_mode: bool

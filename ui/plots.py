@@ -86,6 +86,12 @@ def _note_anchor(at: float) -> str:
     return "left" if at < NOTE_WIDTH / 2 else "right" if at > 1 - NOTE_WIDTH / 2 else "center"
 
 
+def decision(d: ev.BlockSize) -> str:
+    """A controller's decision as written on the curve: a copied block's reason without the engine's note of where the
+    copy came from (the copy controller's own reason follows it), marked as the copy's."""
+    return "copy: " + d.reason.split("; ", 1)[-1] if d.source == ev.COPY else d.reason
+
+
 def _short(reason: str, limit: int = 28) -> str:
     return _plain(reason if len(reason) <= limit else reason[: limit - 1] + "…")
 
@@ -111,21 +117,28 @@ def _committed_series(verifies: list, source: str | None) -> dict[str, Any]:
             "hovertemplate": "block %{x}: %{y} tokens committed" + (f" ({style['name']})" if source else "") + "<extra></extra>"}
 
 
+def _size_series(state: RunState, source: str | None) -> dict[str, Any]:
+    """The block size per verify step (a step line): of every step (`source` None), or of one source's blocks, each
+    source's line holding its own controller's size until its next block."""
+    vs = [v for v in state.verifies if source is None or v.source == source]
+    sizes = [state.blocks[v.block].size for v in vs]
+    name = "block size" + (f", {SOURCE_STYLE[source]['name']} blocks" if source else "")
+    return {"type": "scatter", "x": [v.block for v in vs], "y": [v.block_size for v in vs], "mode": "lines",
+            "line": {"shape": "hv", "color": BLUE if source != ev.COPY else GREEN, "width": 2,
+                     "dash": "solid" if source != ev.COPY else "dot"}, "name": name,
+            "hovertext": [_plain(d.reason) if d else "" for d in sizes],
+            "hovertemplate": "block %{x}: size %{y}<br>%{hovertext}<extra></extra>"}
+
+
 def block_length_figure(run: RunState | list) -> go.Figure:
-    """Drafted block size (step line) and tokens committed (accepted + the target's token, markers; one series per
-    source when the run copies from the context) per verify step, with the controller's decisions written where the
-    size changes."""
+    """Block size (step line) and tokens committed (accepted + the target's token, markers) per verify step, with
+    the controller's decisions written where the size changes. A run that copies from the context has two
+    controllers, so each source gets its own size line and markers."""
     state = as_state(run)
-    verifies, blocks = state.verifies, state.blocks
+    verifies = state.verifies
     bmax = max_block(state)
-    xs = [v.block for v in verifies]
-    data = [
-        {"type": "scatter", "x": xs, "y": [v.block_size for v in verifies], "mode": "lines", "line": {"shape": "hv",
-         "color": BLUE, "width": 2, "dash": "solid"}, "name": "block size",
-         "hovertext": [_plain(blocks[v.block].size.reason) if blocks[v.block].size else "" for v in verifies],
-         "hovertemplate": "block %{x}: size %{y}<br>%{hovertext}<extra></extra>"},
-        *([_committed_series(verifies, src) for src in ev.BLOCK_SOURCES] if _copied(state) else [_committed_series(verifies, None)]),
-    ]
+    sources = list(ev.BLOCK_SOURCES) if _copied(state) else [None]
+    data = [_size_series(state, src) for src in sources] + [_committed_series(verifies, src) for src in sources]
     shapes = [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": bmax, "y1": bmax,
                "line": {"dash": "dot", "color": GREY, "width": 1}}]
     notes = [{"text": f"max {bmax}", "xref": "paper", "x": 0, "y": bmax, "yanchor": "bottom", "xanchor": "left",
@@ -133,7 +146,7 @@ def block_length_figure(run: RunState | list) -> go.Figure:
     xmax = max(X_CHUNK, math.ceil(max(len(verifies), 1) / X_CHUNK) * X_CHUNK)
     # the controller's own decisions, not the clip to the tokens left at the end
     for i, d in enumerate(spaced(state.size_changes, math.ceil(NOTE_SPAN * xmax))):
-        notes.append({"x": d.block, "y": d.size, "text": _short(d.reason), "showarrow": True, "arrowhead": 2, "ax": 0,
+        notes.append({"x": d.block, "y": d.size, "text": _short(decision(d)), "showarrow": True, "arrowhead": 2, "ax": 0,
                       "ay": NOTE_HEIGHTS[i % 2], "xanchor": _note_anchor((d.block - 0.5) / xmax),
                       "font": {"size": 9, "color": GREY}, "arrowcolor": GREY})
     if not verifies:
@@ -178,7 +191,10 @@ def _histogram_bars(state: RunState, ks: list[int], total: int, source: str) -> 
             "hovertemplate": f"%{{x}} tokens: %{{customdata}} {style['name']} blocks (%{{y:.0%}} of steps)<extra></extra>"}
 
 
-def position_rates(run: RunState | list, source: str = ev.DRAFT) -> tuple[list[int], list[float | None], list[float | None], list[int]]:
+Rates = tuple[list[int], list[float | None], list[float | None], list[int]]
+
+
+def position_rates(run: RunState | list, source: str = ev.DRAFT) -> Rates:
     """Per proposed position k of the blocks `source` proposed (drafted, or copied from the context): P(accepted |
     all earlier accepted), the share of those blocks accepted through k, and how many blocks reached k."""
     state = as_state(run)

@@ -140,11 +140,12 @@ def _commit_spans(e: ev.Commit, v: ev.Verify | None, has_draft: bool, show_rejec
 def _rejected_spans(v: ev.Verify) -> list[str]:
     out = []
     a = v.accepted_len
+    what, where = ("copied token", "block position") if v.source == ev.COPY else ("draft token", "draft position")
     for j in range(a, len(v.draft_tokens)):
         first = j == a
         why = (f"target wanted {quoted(v.target_texts[j])}" if first and j < len(v.target_texts)
                else "discarded: it follows the first rejection")
-        title = f"block {v.block} · draft position {j + 1} · rejected draft token {quoted(v.draft_texts[j])} · {why}"
+        title = f"block {v.block} · {where} {j + 1} · rejected {what} {quoted(v.draft_texts[j])} · {why}"
         out.append(_token_span("rejected", v.draft_texts[j], title))
     return out
 
@@ -166,10 +167,11 @@ def _token_title(cls: str, block: int, pos: int, conf: float, v: ev.Verify | Non
         return f"{head} · draft position {i + 1} · accepted draft token · draft confidence {conf:.2f} · {verdict}"
     if cls == "correction":
         proposed = quoted(v.draft_texts[i]) if i < len(v.draft_texts) else "?"
-        who = "the copy" if v.source == ev.COPY else "the draft"
-        return (f"{head} · draft position {i + 1} · target's correction: {who} proposed {proposed}, "
+        who, where = ("the copy", "block position") if v.source == ev.COPY else ("the draft", "draft position")
+        return (f"{head} · {where} {i + 1} · target's correction: {who} proposed {proposed}, "
                 f"the target chose {quoted(text)}")
-    return f"{head} · bonus token: all {len(v.draft_tokens)} drafted tokens accepted, the target adds {quoted(text)}"
+    verb = "copied" if v.source == ev.COPY else "drafted"
+    return f"{head} · bonus token: all {len(v.draft_tokens)} {verb} tokens accepted, the target adds {quoted(text)}"
 
 
 def legend_html(has_draft: bool = True, show_rejected: bool = True, copies: bool = False) -> str:

@@ -27,11 +27,11 @@ def block_summary(info: BlockInfo) -> str:
         return f"Block {info.block}: no draft — the target decodes one token ({token})."
     a = v.accepted_len
     copied = v.source == ev.COPY
-    verb, who = ("copied from the context (no draft pass)", "copy") if copied else ("drafted", "draft")
+    what, who = ("tokens copied from the context (no draft pass)", "copy") if copied else ("drafted tokens", "draft")
     if a == drafted:
-        return (f"Block {info.block}: all {drafted} {verb} tokens accepted, +1 bonus token {quoted(v.target_texts[-1])} "
+        return (f"Block {info.block}: all {drafted} {what} accepted, +1 bonus token {quoted(v.target_texts[-1])} "
                 f"→ {a + 1} tokens.")
-    return (f"Block {info.block}: {a} of {drafted} {verb} tokens accepted; rejected at position {a + 1} "
+    return (f"Block {info.block}: {a} of {drafted} {what} accepted; rejected at position {a + 1} "
             f"({who} {quoted(v.draft_texts[a])}, target {quoted(v.target_texts[a])}) → {a + 1} tokens.")
 
 
@@ -64,7 +64,8 @@ def inspector_grid(info: BlockInfo) -> list[list[dict]]:
             if i < v.accepted_len:
                 row.append({"kind": "ok", "text": tok, "conf": None, "pos": i + 1})
             elif i == v.accepted_len:
-                row.append({"kind": "bad", "text": v.target_texts[i], "conf": None, "pos": i + 1, "draft": tok})
+                row.append({"kind": "bad", "text": v.target_texts[i], "conf": None, "pos": i + 1, "draft": tok,
+                            "who": "copy" if v.source == ev.COPY else "draft"})
             else:
                 row.append({"kind": "skip", "text": tok, "conf": None, "pos": i + 1})
         rows.append(row)
@@ -76,6 +77,9 @@ PLACEHOLDER = ('<div class="dfl-insp"><p class="dfl-placeholder">The block inspe
 KEY = ('<p class="insp-key">Cells: shading = draft confidence · <span class="key-new">outlined ●</span> committed at '
        'this step · <span class="key-mask">hatched MASK</span> still masked · ✓ accepted · ✗ first rejection (with '
        'the target\'s token) · – not counted</p>')
+COPY_KEY = ('<p class="insp-key">Cells: <span class="cell-copy">wavy underline</span> = copied from the context (the '
+            'tokens that followed the same n-gram earlier; no draft pass, no confidences) · ✓ accepted · ✗ first '
+            'rejection (with the target\'s token) · – not counted</p>')
 
 
 def inspector_html(run: RunState | list, block: int | None = None) -> str:
@@ -92,7 +96,8 @@ def inspector_html(run: RunState | list, block: int | None = None) -> str:
     ctrl = f'<p class="insp-ctrl">Controller: block size {attr(size.size)} — {attr(size.reason)}</p>' if size else ""
     if info.block == 0 or (info.verify is None and not info.steps):
         return f'<div class="dfl-insp">{summary}{ctrl}</div>'
-    return f'<div class="dfl-insp">{summary}{ctrl}{_grid_table(info)}{_verdict_line(info)}{KEY}</div>'
+    key = COPY_KEY if info.size is not None and info.size.source == ev.COPY else KEY
+    return f'<div class="dfl-insp">{summary}{ctrl}{_grid_table(info)}{_verdict_line(info)}{key}</div>'
 
 
 def _grid_table(info: BlockInfo) -> str:
@@ -138,7 +143,7 @@ def _cell_html(c: dict, is_verify: bool) -> str:
     if k == "ok":
         return '<td class="v-ok" title="accepted: the target agrees"><span class="glyph">✓</span></td>'
     if k == "bad":
-        tip = f"rejected: draft {quoted(c['draft'])}, the target chose {quoted(c['text'])}"
+        tip = f"rejected: {c.get('who', 'draft')} {quoted(c['draft'])}, the target chose {quoted(c['text'])}"
         return (f'<td class="v-bad" title="{attr(tip)}"><span class="glyph">✗</span> '
                 f'<span class="ct">{show_text(c["text"], False)}</span></td>')
     return '<td class="v-skip" title="not counted: after the first rejection">–</td>'
@@ -153,5 +158,6 @@ def _verdict_line(info: BlockInfo) -> str:
         return f'<p class="insp-next">verify {v.verify_ms:.0f} ms (one target forward)</p>'
     word = "bonus" if v.accepted_len == len(v.draft_tokens) else "correction"
     added = show_text(v.target_texts[v.accepted_len], False)
+    proposal = "copied (no draft pass)" if v.source == ev.COPY else f"draft {v.draft_ms:.0f} ms"
     return (f'<p class="insp-next">Target adds: <span class="tok tok-{word}">{added}</span> '
-            f'({word}) · draft {v.draft_ms:.0f} ms · verify {v.verify_ms:.0f} ms</p>')
+            f'({word}) · {proposal} · verify {v.verify_ms:.0f} ms</p>')

@@ -153,26 +153,28 @@ def frame_label(events: list, frame: int) -> str:
     if not idx:
         return "empty trace"
     frame = max(0, min(int(frame), len(idx) - 1))
-    return describe_frame(events[idx[frame]], frame, len(idx))
+    e = events[idx[frame]]
+    size = next((d for d in events if isinstance(d, ev.BlockSize) and d.block == getattr(e, "block", None)), None)
+    return describe_frame(e, frame, len(idx), size.source if size else ev.DRAFT)
 
 
-def describe_frame(e: ev.Event, frame: int, n_frames: int) -> str:
-    """The sentence under the replay slider for frame `frame` (0-based) of `n_frames`, which ends at event `e`."""
+def describe_frame(e: ev.Event, frame: int, n_frames: int, source: str = ev.DRAFT) -> str:
+    """The sentence under the replay slider for frame `frame` (0-based) of `n_frames`, which ends at event `e`
+    (`source`: who proposed the block of `e`, drafted or copied from the context)."""
     head = f"Frame {frame + 1}/{n_frames}: "
     if isinstance(e, ev.Started):
         return head + "the request starts (prompt only)"
     if isinstance(e, ev.DraftStep):
+        if source == ev.COPY:
+            return head + f"block {e.block}, COPY — {sum(e.committed)} tokens copied from the context (no draft pass)"
         n_masked = sum(e.masked[1:])
         return head + (f"block {e.block}, DRAFT — denoising step {e.step + 1} of {e.n_steps}: "
                        f"{sum(e.committed)} positions committed, {n_masked} still masked")
     if isinstance(e, ev.Commit):
         if e.block == 0:
             return head + "prefill — the target reads the prompt and picks the first token"
-        kinds = e.kinds
-        if ev.COPY in kinds:
-            return head + (f"block {e.block}, VERIFY → ACCEPT: {kinds.count(ev.COPY)} copied tokens accepted, "
-                           f"+1 {'correction' if ev.CORRECTION in kinds else 'target token'} ({e.n_out} tokens so far)")
-        return head + (f"block {e.block}, VERIFY → ACCEPT: {kinds.count(ev.DRAFT)} draft tokens accepted, "
+        kinds, who = e.kinds, ("copied", ev.COPY) if source == ev.COPY else ("draft", ev.DRAFT)
+        return head + (f"block {e.block}, VERIFY → ACCEPT: {kinds.count(who[1])} {who[0]} tokens accepted, "
                        f"+1 {'correction' if ev.CORRECTION in kinds else 'target token'} ({e.n_out} tokens so far)")
     if isinstance(e, ev.Finished):
         return head + f"finished ({e.reason})"
@@ -223,12 +225,15 @@ class Replay:
         return self.trace.events[self.ends[self.clamp(frame)]]
 
     def label(self, frame: int) -> str:
+        """The frame's sentence (`describe_frame`); seeks there, so call it holding `lock`."""
         frame = self.clamp(frame)
-        return describe_frame(self.last_event(frame), frame, self.n_frames)
+        e = self.last_event(frame)
+        info = self.seek(frame).blocks.get(getattr(e, "block", None))
+        return describe_frame(e, frame, self.n_frames, info.size.source if info and info.size else ev.DRAFT)
 
 
 # -- CSV exports -------------------------------------------------------------------------------------------------
-METRIC_COLUMNS = ["block", "start", "block_size", "drafted", "accepted", "committed", "kinds", "draft_ms", "verify_ms",
+METRIC_COLUMNS = ["block", "source", "start", "block_size", "proposed", "accepted", "committed", "kinds", "draft_ms", "verify_ms",
                   "t_ms", "n_out", "denoising_steps", "controller"]
 
 
@@ -242,11 +247,13 @@ def metrics_rows(events: list) -> list[dict[str, Any]]:
     rows = []
     for c in (e for e in events if isinstance(e, ev.Commit)):
         v = verifies.get(c.block)
-        rows.append({"block": c.block, "start": v.start if v else "", "block_size": v.block_size if v else "",
-                     "drafted": len(v.draft_tokens) if v else 0, "accepted": v.accepted_len if v else 0,
+        copied = v is not None and v.source == ev.COPY  # proposed by copying: no draft pass, no denoising step
+        rows.append({"block": c.block, "source": v.source if v else "", "start": v.start if v else "",
+                     "block_size": v.block_size if v else "", "proposed": len(v.draft_tokens) if v else 0,
+                     "accepted": v.accepted_len if v else 0,
                      "committed": len(c.token_ids), "kinds": " ".join(c.kinds),
                      "draft_ms": round(v.draft_ms, 3) if v else 0.0, "verify_ms": round(v.verify_ms, 3) if v else 0.0,
-                     "t_ms": round(c.t_ms, 3), "n_out": c.n_out, "denoising_steps": steps.get(c.block, 0),
+                     "t_ms": round(c.t_ms, 3), "n_out": c.n_out, "denoising_steps": 0 if copied else steps.get(c.block, 0),
                      "controller": sizes[c.block].reason if c.block in sizes else ("prefill" if c.block == 0 else "")})
     return rows
 

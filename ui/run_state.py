@@ -65,9 +65,10 @@ class RunState:
         self.verifies: list[ev.Verify] = []
         self.commits: list[ev.Commit] = []
         self.max_size = 0  # largest BlockSize so far
-        # Controller decisions that changed the size at a verify step (not the clip to the tokens left at the end).
+        # Controller decisions that changed the size at a verify step (not the clip to the tokens left at the end),
+        # each against the previous block of the same source: drafted and copied blocks have a controller each.
         self.size_changes: list[ev.BlockSize] = []
-        self._prev_size: int | None = None
+        self._prev_size: dict[str, int] = {}  # source → the size of its latest block
         # Per block source (drafted or copied from the context) and per position k ([k-1]): blocks that proposed
         # k, reached it (all earlier accepted), accepted it.
         self.positions: dict[str, PositionCounts] = {}
@@ -106,8 +107,8 @@ class RunState:
             running = self.running.mark(counts=isinstance(e, ev.Verify))
         if isinstance(e, ev.Verify):
             counts = {src: c.copy() for src, c in self.positions.items()}
-        return (self.n_events, self.started, self.prefill, self.finished, self.latest_block, self.max_size, self._prev_size,
-                len(self.verifies), len(self.commits), len(self.size_changes), block, running, counts)
+        return (self.n_events, self.started, self.prefill, self.finished, self.latest_block, self.max_size,
+                dict(self._prev_size), len(self.verifies), len(self.commits), len(self.size_changes), block, running, counts)
 
     def undo(self) -> None:
         """Take back the latest event added (needs `undoable`); the cost is that event's, not the run's."""
@@ -158,9 +159,12 @@ class RunState:
 
     def _note_change(self, v: ev.Verify) -> None:
         d = self.blocks[v.block].size
-        if d is not None and self._prev_size is not None and d.size != self._prev_size and "clipped" not in d.reason:
+        if d is None:
+            return
+        prev = self._prev_size.get(d.source)
+        if prev is not None and d.size != prev and "clipped" not in d.reason:
             self.size_changes.append(d)
-        self._prev_size = d.size if d is not None else self._prev_size
+        self._prev_size[d.source] = d.size
 
     def stats(self) -> dict[str, Any]:
         """compute_stats of the events so far (cached until the next event; treat it as read-only)."""

@@ -17,19 +17,21 @@ import os
 def main() -> None:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home (offline machines, privacy)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if os.environ.get("DFLASH_THREADS"):
-        import torch
-
-        torch.set_num_threads(int(os.environ["DFLASH_THREADS"]))
     from dflash.errors import ValidationError
+    from dflash.host import env_threads
     from ui import build_demo, launch_kwargs
     from ui.engines import EngineProvider
     from ui.space_setup import prepare_default_target
 
     try:
+        threads = env_threads()
         provider = EngineProvider()  # registry presets only: the default and the operator's DFLASH_PRESETS
-    except ValidationError as exc:  # a bad DFLASH_PRESETS: one line naming it, no traceback
+    except ValidationError as exc:  # a bad DFLASH_THREADS or DFLASH_PRESETS: one line naming it, no traceback
         raise SystemExit(f"dflash-playground: {exc}") from None
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
 
     prepare_default_target()  # before any load, and before ZeroGPU forks its worker (which inherits sys.path)
     provider.get("default")

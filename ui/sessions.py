@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 from dflash.errors import BusyError
 
@@ -31,6 +32,7 @@ class SessionRuns:
         self._active: dict[str, tuple[threading.Event, str]] = {}  # session → (Stop flag, GENERATION | REPLAY)
         self._waiting: dict[str, int] = {}  # session → requests admitted to the queue and not started yet
         self._stopped: dict[str, int] = {}  # session → how many of the oldest waiting ones Stop reached
+        self._looks: dict[threading.Event, Any] = {}  # a running generation's Stop flag → how it is shown (RunLook)
 
     def admit(self, session: str) -> None:
         """A Generate or Compare request of `session` entered the queue."""
@@ -44,9 +46,10 @@ class SessionRuns:
             _decrement(self._waiting, session)
             return not _decrement(self._stopped, session)
 
-    def begin(self, session: str, kind: str) -> threading.Event:
+    def begin(self, session: str, kind: str, look: Any = None) -> threading.Event:
         """The Stop flag of a run that starts now. A session runs one thing at a time: a starting run stops the
-        session's previous one, except that a replay is refused while a generation runs (BusyError)."""
+        session's previous one, except that a replay is refused while a generation runs (BusyError). `look`: how a
+        generation is shown, which the session's controls may change while it runs (`look`)."""
         with self._lock:
             old = self._active.get(session)
             if old is not None and kind == REPLAY and old[1] == GENERATION:
@@ -56,12 +59,22 @@ class SessionRuns:
                 old[0].set()
             flag = threading.Event()
             self._active[session] = (flag, kind)
+            if look is not None:
+                self._looks[flag] = look
             return flag
 
     def end(self, session: str, flag: threading.Event) -> None:
         with self._lock:
+            self._looks.pop(flag, None)
             if session in self._active and self._active[session][0] is flag:
                 del self._active[session]
+
+    def look(self, session: str) -> Any:
+        """How the session's running generation is shown (its RunLook), or None when none runs: the replay
+        controls then leave the live view alone, and the rejected-tokens switch changes the look."""
+        with self._lock:
+            active = self._active.get(session)
+            return self._looks.get(active[0]) if active is not None and active[1] == GENERATION else None
 
     def stop(self, session: str) -> Stopped:
         """Stop the session's run after its current step, and every request it has waiting in the queue."""

@@ -115,3 +115,4 @@ NUMBERS = """### What the numbers mean
 
 REPLAY_HELP = ("Replay a finished run (yours, a bundled trace, or a trace JSON you exported) without any model. "
                "Drag the slider or use ◀ / ▶ to move one draft or verify step at a time; ▶▶ plays it.")
+REPLAY_WAITS = "A generation is running in this session: the replay controls work again once it has finished."

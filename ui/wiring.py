@@ -16,6 +16,7 @@ import gradio as gr
 
 from ui.engines import EngineProvider
 from ui.handlers import CONTROL_KEYS, STOPPED_IN_QUEUE, USER_ERRORS, VIEW_KEYS, Playground
+from ui.text import REPLAY_WAITS
 
 log = logging.getLogger("dflash.ui")
 
@@ -152,15 +153,28 @@ def _wire_replay(pg: Playground, ui: dict[str, Any], outputs: list) -> None:
                            [ui["trace_select"], show], outputs, api_name="load_trace")
     ui["upload"].upload(lambda path, show_v: pack(_errors(lambda: pg.load_upload(path, bool(show_v)))),
                         [ui["upload"], show], outputs, api_name="upload_trace")
-    ui["replay"].release(lambda t, f, b, s: pack(_errors(lambda: pg.show_frame(t, f, b, bool(s)))), replay_inputs,
-                         outputs, api_name="show_frame", **quiet)
-    ui["prev"].click(lambda t, f, b, s: pack(_errors(lambda: pg.step(t, f, -1, b, bool(s)))), replay_inputs, outputs,
+    def frame_handler(draw: Callable[..., dict[str, Any]]) -> Callable[..., tuple]:
+        """A replay control's handler: draws `draw(trace, frame, block, show_rejected)`, except while this session's
+        generation streams (its live view must not be painted over with the previous run's frame)."""
+        def handler(t, f, b, s, request: gr.Request):
+            if pg.runs.look(request.session_hash) is not None:
+                return pack({"replay_label": REPLAY_WAITS})
+            return pack(_errors(lambda: draw(t, f, b, bool(s))))
+        return handler
+
+    def on_show_rejected(t, f, b, s, request: gr.Request):
+        look = pg.runs.look(request.session_hash)
+        if look is not None:  # the running generation's next frames and its final view follow the switch
+            look.show_rejected = bool(s)
+            return pack({})
+        return pack(_errors(lambda: pg.show_frame(t, f, b, bool(s), charts=False)) if t else {})
+
+    ui["replay"].release(frame_handler(pg.show_frame), replay_inputs, outputs, api_name="show_frame", **quiet)
+    ui["prev"].click(frame_handler(lambda t, f, b, s: pg.step(t, f, -1, b, s)), replay_inputs, outputs,
                      api_name="step_prev", **quiet)
-    ui["next"].click(lambda t, f, b, s: pack(_errors(lambda: pg.step(t, f, 1, b, bool(s)))), replay_inputs, outputs,
+    ui["next"].click(frame_handler(lambda t, f, b, s: pg.step(t, f, 1, b, s)), replay_inputs, outputs,
                      api_name="step_next", **quiet)
     ui["play"].click(on_play, replay_inputs, outputs, api_name="play", concurrency_limit=8, **quiet)
-    ui["inspect_block"].release(lambda t, f, b, s: pack(_errors(lambda: pg.show_frame(t, f, b, bool(s), charts=False))),
+    ui["inspect_block"].release(frame_handler(lambda t, f, b, s: pg.show_frame(t, f, b, s, charts=False)),
                                 replay_inputs, outputs, api_visibility="private", **quiet)
-    ui["show_rejected"].change(
-        lambda t, f, b, s: pack(_errors(lambda: pg.show_frame(t, f, b, bool(s), charts=False)) if t else {}),
-        replay_inputs, outputs, api_visibility="private", **quiet)
+    ui["show_rejected"].change(on_show_rejected, replay_inputs, outputs, api_visibility="private", **quiet)
