@@ -118,20 +118,46 @@ def humaneval_prompts() -> list[str]:
         return [f"Complete the following Python function.\n\n```python\n{json.loads(line)['prompt']}```" for line in f if line.strip()]
 
 
+def jsonl_rows(path: str | Path) -> list[tuple[int, dict]]:
+    """(line number from 1, row) of every non-blank line of a JSONL file. A line that is not a JSON object (a
+    truncated last line, a stray comma) is refused naming the line, not left to a JSONDecodeError traceback."""
+    out = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValidationError("prompts", f"line {n}: not JSON ({exc.msg}, column {exc.colno})") from None
+        if not isinstance(row, dict):
+            raise ValidationError("prompts", f"line {n}: not a JSON object")
+        out.append((n, row))
+    return out
+
+
+def row_text(row: dict) -> str | None:
+    """A JSONL row's prompt text: "prompt", the first of "turns" (MT-Bench's layout) or "text"."""
+    return row.get("prompt") or (row.get("turns") or [None])[0] or row.get("text")
+
+
 def jsonl_prompts(path: str) -> list[str]:
     p = Path(path)
     if p.suffix != ".jsonl" or not p.is_file():
         raise ValidationError("prompts", f"expected one of {', '.join(PROMPT_SETS)} or an existing .jsonl file")
-    out = []
-    for line in p.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            out.append(row.get("prompt") or (row.get("turns") or [None])[0] or row.get("text"))
-    return [x for x in out if x]
+    return [t for _, row in jsonl_rows(p) if (t := row_text(row))]
+
+
+def first(items: list, limit: int | None) -> list:
+    """The first `limit` items (None: all). A limit below 1 is refused: sliced, 0 would give nothing and a negative
+    limit would silently drop items from the end."""
+    if limit is not None and limit < 1:
+        raise ValidationError("limit", f"must be >= 1, got {limit}")
+    return items if limit is None else items[:limit]
 
 
 def load_prompts(name: str, limit: int | None = None) -> list[str]:
+    """The first `limit` prompts of a named set or a JSONL file (None: all of them)."""
+    first([], limit)  # a bad limit fails before a large set is read
     table = {"mt-bench": mtbench_prompts, "humaneval": humaneval_prompts,
              "sharegpt-heldout": lambda: sharegpt_prompts("heldout"), "sharegpt-train": lambda: sharegpt_prompts("train")}
-    prompts = table[name]() if name in table else jsonl_prompts(name)
-    return prompts[:limit] if limit else prompts
+    return first(table[name]() if name in table else jsonl_prompts(name), limit)

@@ -98,8 +98,9 @@ case "${1:-}" in
     drafts=(--draft shipped=assets/draft-smollm2-135m)
     for r in scratch1 scratch2; do for s in 2000 4000; do drafts+=(--draft "$r@$s=runs/$r/snapshots/step_00$s"); done; done
     $PY scripts/copy_gap.py --out $RES/copy-gap.jsonl "${CURVE[@]}" "${drafts[@]}"
-    $PY scripts/lookup_first.py --out $RES/lookup-first.jsonl "${CURVE[@]}"  # what copying adds (float32, fixed blocks)
-    $PY scripts/lookup_first.py --out $RES/lookup-first.jsonl "${CURVE[@]}" --adaptive auto ;;  # … default block policy
+    B=($PY -m dflash bench "${CURVE[@]}" --methods ar,dflash,dflash-lookup --dtype float32 --no-progress)
+    "${B[@]}" --adaptive fixed --output $RES/lookup-fixed.json  # what copying adds (float32: exact; fixed blocks)
+    "${B[@]}" --output $RES/lookup-auto.json ;;  # … with the default block policy
   report)
     $PY scripts/training_report.py ;;
   *) echo "usage: $0 data|data-later|data-long|data-later-long|ablate|fit|warm|ablate-depth|ablate-scratch|ablate-gamma|deep|curve|curve-warm|curve-deep|plot|copy-gap|collect|eval|report" >&2

@@ -9,7 +9,7 @@ Every number in TRAINING.md comes from these files (nothing is typed by hand):
   <run>/curve.jsonl              real-loop τ at the log-spaced snapshots (scripts/training_curve.py)
   eval-*.json                    `train eval --output` (real loop, interleaved with the no-draft loop)
   copy-gap.jsonl                 first drafted position against copying from the context (scripts/copy_gap.py)
-  lookup-first.jsonl             the shipped draft with copying first (scripts/lookup_first.py)
+  lookup-*.json                  the shipped draft with copying first (`python -m dflash bench` results)
 The shipped draft comes from the runs named in results/training/shipped.json ({"lineage": [first run, warm-started
 run, ...], "also": [runs on the τ curve that were not shipped], "ablations": [...]}; an older file names one "run").
 """
@@ -154,8 +154,8 @@ def budget_text() -> str:
 
 
 def copy_gap_text(shipped: dict) -> str:
-    """The copy-gap table (scripts/copy_gap.py), what it says of the shipped draft, and the lookup-first measurement
-    (scripts/lookup_first.py), with the commands that measured them."""
+    """The copy-gap table (scripts/copy_gap.py), what it says of the shipped draft, and the lookup-first measurements
+    (bench results), with the commands that measured them."""
     from dflash.training.copy_gap import markdown_table
 
     rows = optional_jsonl(RES / "copy-gap.jsonl")
@@ -170,18 +170,27 @@ def copy_gap_text(shipped: dict) -> str:
                  f"there copying proposes the target's next token **{b['copy']:.0%}** of the time and the draft "
                  f"**{b['draft']:.0%}**. Over all blocks copying alone is right {a['copy']:.0%} of the time, the draft "
                  f"{a['draft']:.0%}, one or the other {a['either']:.0%}.")
-    for r in optional_jsonl(RES / "lookup-first.jsonl"):
-        d, lf = r["dflash"], r["lookup-first"]
-        policy = r.get("adaptive", "fixed")
-        blocks = "the draft's block size, fixed" if policy == "fixed" else f"the `{policy}` block policy"
-        text += (f"\n\nLookup first ({r['prompts']}, {r['limit']} prompts × {r['max_new_tokens']} tokens, {r['dtype']}, "
-                 f"{r['threads']} threads, {blocks}, interleaved with the no-draft loop; "
-                 f"{r['copied_blocks']} blocks copied): τ **{lf['tau']:.2f}** and **{lf['speedup_vs_ar']:.2f}×** the no-draft "
-                 f"loop, against the draft alone's τ {d['tau']:.2f} and "
-                 f"{d['speedup_vs_ar']:.2f}×; outputs identical to the no-draft loop: {lf['identical']}/{r['limit']} "
-                 f"and {d['identical']}/{r['limit']}.")
     cmds = shipped.get("copy_gap_commands", [])
-    return text + ("\n\n" + "\n".join(f"    {c}" for c in cmds) if cmds else "")
+    text += "\n\n" + "\n".join(f"    {c}" for c in cmds) if cmds else ""
+    benches = [json.loads(p.read_text()) for p in RES.glob("lookup-*.json")]
+    for bench in sorted(benches, key=lambda b: b["config"]["request"]["adaptive"] != "fixed"):  # like for like first
+        text += "\n\n" + lookup_text(bench)
+    return text
+
+
+def lookup_text(bench: dict) -> str:
+    """One `python -m dflash bench --methods ar,dflash,dflash-lookup` result: what copying first adds to the draft."""
+    cfg, s = bench["config"], bench["summary"]
+    d, lf, n = s["dflash"], s["dflash-lookup"], cfg["n_prompts"]
+    policy = cfg["request"]["adaptive"]
+    blocks = "the draft's block size, fixed" if policy == "fixed" else f"the `{policy}` block policy"
+    copied = round(lf["copy_share"] * sum(lf["acceptance_histogram"].values()))
+    return (f"Lookup first ({cfg['prompts']}, {n} prompts × {cfg['request']['max_new_tokens']} tokens, "
+            f"{bench['models']['dtype']}, {bench['machine']['torch_threads']} threads, {blocks}, interleaved with the "
+            f"no-draft loop; {copied} blocks copied, {lf['copy_share']:.0%} of its blocks): τ **{lf['tau']:.2f}** and "
+            f"**{lf['speedup']['decode']['speedup']:.2f}×** the no-draft loop, against the draft alone's τ {d['tau']:.2f} and "
+            f"{d['speedup']['decode']['speedup']:.2f}×; outputs identical to the no-draft loop: "
+            f"{lf['identical']['n_identical']}/{n} and {d['identical']['n_identical']}/{n}.\n\n    {bench['command']}")
 
 
 def wall_seconds(log: list[dict], starts: list[int]) -> float:

@@ -105,7 +105,7 @@ def test_warm_start_and_log_spaced_snapshots(data_dir, tmp_path):
     warm = Trainer(FitConfig(**{**cfg(data_dir, tmp_path / "b", steps=4).__dict__, "init_from": str(tmp_path / "a")}))
     for k, v in first.draft.state_dict().items():
         torch.testing.assert_close(warm.draft.state_dict()[k], v.to(torch.bfloat16).float())  # served weights are bf16
-    with pytest.raises(ValueError, match="init_from"):
+    with pytest.raises(ValueError, match="--init-from"):
         Trainer(FitConfig(**{**cfg(data_dir, tmp_path / "c", steps=4).__dict__, "target_layer_ids": [1],
                              "init_from": str(tmp_path / "a")}))
 
@@ -125,7 +125,7 @@ def test_warm_start_grows_depth_without_changing_the_function(data_dir, tmp_path
     torch.testing.assert_close(got, want)
     deep.fit(progress=False)  # the new layer learns: its residual writes leave 0
     assert deep.draft.layers[1].mlp.down_proj.weight.abs().sum() > 0
-    with pytest.raises(ValueError, match="init_from"):  # a shallower run cannot start from a deeper draft
+    with pytest.raises(ValueError, match="--init-from"):  # a shallower run cannot start from a deeper draft
         Trainer(FitConfig(**{**cfg(data_dir, tmp_path / "c", steps=3).__dict__, "init_from": str(tmp_path / "b")}))
 
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # for annotations only: imported where used, so that parsing 
     from dflash.engine import Engine
 
 DEFAULT_METHODS = "ar,dflash,dflash-lookup,hf-generate,hf-prompt-lookup"
+RANDOM_DRAFT_MAX_LAYERS = 8
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -36,16 +37,28 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--max-matching-ngram-size", type=int, default=2, help="hf-prompt-lookup: n-gram size")
     g.add_argument("--output", default="bench-result.json", help="result JSON (a Markdown table is written next to it)")
     g.add_argument("--markdown", help="Markdown path (default: the output path with .md)")
-    g.add_argument("--resume", action="store_true", help="continue an interrupted run with the same settings")
-    g.add_argument("--overwrite", action="store_true", help="replace an existing result file")
+    again = g.add_mutually_exclusive_group()  # continue a file or replace it: both at once would drop one silently
+    again.add_argument("--resume", action="store_true", help="continue an interrupted run with the same settings")
+    again.add_argument("--overwrite", action="store_true", help="replace an existing result file")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--random-draft", type=int, metavar="LAYERS",
                    help="development only: a RANDOM draft with LAYERS layers sized for the target (measures draft "
                         "and verify overhead; tau is ~1, so dflash is slower than ar)")
     add_model_args(p)
     add_engine_args(p)
+    _bench_lookup_ngram(p)
     p.set_defaults(func=cmd_bench, _parser=p)
     return p
+
+
+def _bench_lookup_ngram(p: argparse.ArgumentParser) -> None:
+    """generate's --lookup-ngram (shared, dflash.cli) turns copying on for the one request, 0 = off; here only
+    dflash-lookup copies, always, so the option is that method's n-gram length and means nothing without it."""
+    p.set_defaults(lookup_ngram=None)  # None: not given (dflash-lookup then uses DEFAULT_LOOKUP_NGRAM)
+    action = next(a for a in p._actions if a.dest == "lookup_ngram")
+    action.help = ("dflash-lookup's n-gram length, 1-8 (default 2): where the last N tokens occurred earlier, it "
+                   "proposes what followed them instead of running the draft; only dflash-lookup copies, so this "
+                   "needs it among --methods")
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -67,6 +80,12 @@ def command_line(args: argparse.Namespace) -> str:
     return shlex.join(parts)
 
 
+def check_random_draft(layers: int | None) -> None:
+    """--random-draft LAYERS, checked before any model loads (None: not given; 0 is refused, not ignored)."""
+    if layers is not None and not 1 <= layers <= RANDOM_DRAFT_MAX_LAYERS:
+        raise ValidationError("random_draft", f"must be in [1, {RANDOM_DRAFT_MAX_LAYERS}] layers, got {layers}")
+
+
 def _random_draft(engine, layers: int):
     """A random DFlash draft sized like the target's own layers (development: overhead measurements only)."""
     import torch
@@ -74,8 +93,7 @@ def _random_draft(engine, layers: int):
     from dflash.draft import DFlashDraftModel, DraftConfig
     from dflash.engine import Engine
 
-    if not 1 <= layers <= 8:
-        raise ValidationError("random_draft", f"must be in [1, 8] layers, got {layers}")
+    check_random_draft(layers)
     tg = engine.target
     c = tg.config
     heads = c.num_attention_heads
@@ -90,6 +108,7 @@ def _random_draft(engine, layers: int):
 
 
 def _result_paths(args) -> tuple[Path, Path]:
+    """Both output paths, checked before any model loads: the files are first written after the first prompt."""
     out = Path(args.output)
     if out.suffix != ".json":
         raise ValidationError("output", f"must end in .json, got {args.output!r}")
@@ -97,11 +116,21 @@ def _result_paths(args) -> tuple[Path, Path]:
         raise ValidationError("output", f"directory {str(out.parent)!r} does not exist")
     if out.exists() and not (args.resume or args.overwrite):
         raise ValidationError("output", f"{args.output} exists: pass --resume to continue it or --overwrite to replace it")
-    return out, Path(args.markdown) if args.markdown else out.with_suffix(".md")
+    if args.markdown is None:
+        return out, out.with_suffix(".md")
+    md = Path(args.markdown)
+    if not md.parent.is_dir():
+        raise ValidationError("markdown", f"directory {str(md.parent)!r} does not exist")
+    if md.is_dir():
+        raise ValidationError("markdown", f"{args.markdown} is a directory; give a file path")
+    if md.resolve() == out.resolve():
+        raise ValidationError("markdown", "must differ from --output (the table would replace the JSON result)")
+    return out, md
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from dflash.bench.runner import DRAFT_METHODS, check_methods, prepare_prompts, warm_up
+    from dflash.bench.resume import resume
+    from dflash.bench.runner import DRAFT_METHODS, check_methods, prepare_prompts, validate_prompts, warm_up
 
     cfg = _bench_config(args)
     json_path, md_path = _result_paths(args)
@@ -111,9 +140,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     engine, info = _bench_engine(args)
     check_methods(engine, cfg)
     items = prepare_prompts(engine, args.prompts, args.limit)
+    validate_prompts(engine, items, cfg)
     result = _new_result(args, engine, info, cfg, len(items))
     if args.resume and json_path.exists():
-        _resume(result, json.loads(json_path.read_text()), args.output, items)
+        resume(result, json.loads(json_path.read_text()), args.output, items)
     done = {p["index"] for p in result["prompts"]}
     todo = [it for it in items if it.index not in done]
     if todo and cfg.warmup:
@@ -128,19 +158,21 @@ def _bench_config(args: argparse.Namespace) -> BenchConfig:
 
     if args.limit is not None and args.limit < 1:
         raise ValidationError("limit", f"must be >= 1, got {args.limit}")
+    check_random_draft(args.random_draft)
     kwargs = request_kwargs(args)
-    kwargs.pop("use_draft")
+    del kwargs["use_draft"], kwargs["lookup_ngram"]  # the method decides both
     return BenchConfig(methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), request=kwargs,
                        repeats=args.repeats, warmup=not args.no_warmup,
                        prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
-                       max_matching_ngram_size=args.max_matching_ngram_size)
+                       max_matching_ngram_size=args.max_matching_ngram_size, lookup_ngram=args.lookup_ngram)
 
 
 def _bench_engine(args: argparse.Namespace) -> tuple[Engine, dict]:
     """The engine to measure and its description. --random-draft: the target alone (the preset's draft may not
     exist yet), then the random draft attached."""
-    engine, info = engine_from_args(argparse.Namespace(**{**vars(args), "no_draft": args.no_draft or bool(args.random_draft)}))
-    if args.random_draft:
+    random_draft = args.random_draft is not None
+    engine, info = engine_from_args(argparse.Namespace(**{**vars(args), "no_draft": args.no_draft or random_draft}))
+    if random_draft:
         engine = _random_draft(engine, args.random_draft)
         info["draft"] = f"RANDOM ({args.random_draft} layers, seed 0; development only)"
     return engine, info
@@ -155,18 +187,6 @@ def _new_result(args: argparse.Namespace, engine: Engine, info: dict, cfg: Bench
     return {"schema": "dflash-bench/1", "command": command_line(args), "started_at": now_iso(), "finished_at": None,
             "complete": False, "machine": machine_info(info["device"]), "models": models, "config": config,
             "prompts": []}
-
-
-def _resume(result: dict, old: dict, output: str, items: list) -> None:
-    """Continue `old`, an interrupted result: keep its prompts that still match `items`; refuse other settings."""
-    from dflash.bench.machine import now_iso
-
-    models = result["models"]
-    same_models = all(old.get("models", {}).get(k) == models.get(k) for k in ("target", "draft", "dtype", "device"))
-    if old.get("config") != result["config"] or not same_models:
-        raise ValidationError("resume", f"{output} was made with other settings; use --overwrite to start again")
-    result["prompts"] = [p for p in old["prompts"] if p["index"] < len(items) and p["prompt_ids"] == items[p["index"]].ids]
-    result["started_at"], result["resumed_at"] = old.get("started_at"), now_iso()
 
 
 def _progress_bar(total: int, done: int, disable: bool):

@@ -219,12 +219,13 @@ def head_ab(args) -> dict:
 
 
 def _engine(args):
-    from dflash.bench.cli import _random_draft
+    from dflash.bench.cli import _random_draft, check_random_draft
 
-    random = getattr(args, "random_draft", None)
-    engine, _ = engine_from_args(argparse.Namespace(**{**vars(args), "no_draft": args.no_draft or bool(random)}))
-    if random:
-        engine = _random_draft(engine, args.random_draft)
+    layers = getattr(args, "random_draft", None)
+    check_random_draft(layers)  # before the load; 0 is refused, not taken for "no random draft"
+    engine, _ = engine_from_args(argparse.Namespace(**{**vars(args), "no_draft": args.no_draft or layers is not None}))
+    if layers is not None:
+        engine = _random_draft(engine, layers)
     return engine
 
 

@@ -1,36 +1,37 @@
 """Run a method set over a prompt set: warm-up, then on each prompt every method in turn (interleaved), repeated.
 
 Every method gets the same chat-templated prompt ids. `ar` and `dflash` are `Engine.generate` (the one loop)
-without and with the draft, `dflash-lookup` with the draft and copying from the context first (`lookup_ngram`: the
-request's, or 2; `dflash` never copies); `hf-generate` and `hf-prompt-lookup` are transformers' own `generate()` on the same
+without and with the draft, `dflash-lookup` with the draft and copying from the context first (`BenchConfig.lookup_ngram`,
+2 unless set; `dflash` never copies); `hf-generate` and `hf-prompt-lookup` are transformers' own `generate()` on the same
 model object (dflash.bench.baselines). The result is a plain dict (schema in docs/bench.md) handed to a callback
 after every prompt, so a long run is written incrementally and can be resumed.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from dflash.bench.baselines import TimedOutput, hf_generate
 from dflash.bench.machine import RssSampler, load_average
-from dflash.datasets import load_prompts
+from dflash.datasets import first, jsonl_rows, load_prompts, row_text
 from dflash.engine import Engine
 from dflash.errors import ValidationError
-from dflash.request import Request
+from dflash.request import MAX_NGRAM, Request
 from dflash.stats import diagnose_difference, output_gaps
 
 METHODS = ("ar", "dflash", "dflash-lookup", "hf-generate", "hf-prompt-lookup")
 DRAFT_METHODS = ("dflash", "dflash-lookup")  # the methods that need the draft
 ENGINE_METHODS = ("ar",) + DRAFT_METHODS
-DEFAULT_LOOKUP_NGRAM = 2  # dflash-lookup's n-gram length when the request sets none
+DEFAULT_LOOKUP_NGRAM = 2  # dflash-lookup's n-gram length when none is given
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What to run. `request`: the engine options (Request fields except prompt / prompt_ids / use_draft)."""
+    """What to run. `request`: the engine options (Request fields except prompt / prompt_ids / use_draft /
+    lookup_ngram, which the method decides). `lookup_ngram`: dflash-lookup's n-gram length, only with dflash-lookup
+    among the methods; after validation it is the one dflash-lookup runs with (None without it)."""
 
     methods: tuple[str, ...] = METHODS
     request: dict = field(default_factory=dict)
@@ -39,6 +40,7 @@ class BenchConfig:
     warmup_tokens: int = 16
     prompt_lookup_num_tokens: int = 10
     max_matching_ngram_size: int = 2
+    lookup_ngram: int | None = None
 
     def __post_init__(self) -> None:
         methods = tuple(self.methods)
@@ -55,10 +57,25 @@ class BenchConfig:
                                     ("max_matching_ngram_size", self.max_matching_ngram_size, 1, 16)):
             if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
                 raise ValidationError(name, f"must be an integer in [{lo}, {hi}], got {value!r}")
-        bad_keys = {"prompt", "prompt_ids", "use_draft"} & set(self.request)
+        self._resolve_lookup_ngram()
+        bad_keys = {"prompt", "prompt_ids", "use_draft", "lookup_ngram"} & set(self.request)
         if bad_keys:
             raise ValidationError("request", f"must not set {', '.join(sorted(bad_keys))} (the method decides)")
         self.make_request((0,), use_draft=False)  # validates every engine option now, before any model runs
+
+    def _resolve_lookup_ngram(self) -> None:
+        """Only dflash-lookup copies: an n-gram length without it would be recorded but change nothing."""
+        n = self.lookup_ngram
+        if "dflash-lookup" not in self.methods:
+            if n is not None:
+                raise ValidationError("lookup_ngram", "only dflash-lookup copies from the context (dflash never does): "
+                                                      "add dflash-lookup to --methods or leave --lookup-ngram out")
+            return
+        if n is None:
+            object.__setattr__(self, "lookup_ngram", DEFAULT_LOOKUP_NGRAM)
+        elif isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_NGRAM:
+            raise ValidationError("lookup_ngram", f"must be an integer in [1, {MAX_NGRAM}] (dflash-lookup always copies), "
+                                                  f"got {n!r}")
 
     @property
     def baseline(self) -> str:
@@ -75,7 +92,7 @@ class BenchConfig:
         return {"methods": list(self.methods), "baseline": self.baseline, "greedy": self.greedy, "repeats": self.repeats,
                 "warmup": self.warmup, "warmup_tokens": self.warmup_tokens, "request": dict(self.request),
                 "prompt_lookup_num_tokens": self.prompt_lookup_num_tokens,
-                "max_matching_ngram_size": self.max_matching_ngram_size}
+                "max_matching_ngram_size": self.max_matching_ngram_size, "lookup_ngram": self.lookup_ngram}
 
 
 @dataclass(frozen=True)
@@ -83,6 +100,16 @@ class PromptItem:
     index: int
     text: str | None  # None when the set gives token ids only
     ids: list[int]
+    line: int | None = None  # its line in a JSONL file (None: a named set)
+
+    @property
+    def where(self) -> str:
+        return _where(self.index, self.line)
+
+
+def _where(index: int, line: int | None) -> str:
+    """How an error names a prompt: its line in the user's file, else its index in the set."""
+    return f"line {line}" if line is not None else f"prompt {index}"
 
 
 def prepare_prompts(engine: Engine, spec: str, limit: int | None = None) -> list[PromptItem]:
@@ -90,28 +117,51 @@ def prepare_prompts(engine: Engine, spec: str, limit: int | None = None) -> list
 
     JSONL rows may give "prompt_ids" (a list of token ids, used as is — targets without a tokenizer) or text in
     "prompt" / "turns"[0] / "text"."""
-    path = Path(spec)
-    if spec.endswith(".jsonl") and path.is_file():
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        if any("prompt_ids" in r for r in rows):
-            items = []
-            for i, row in enumerate(rows[:limit] if limit else rows):
-                ids = row.get("prompt_ids")
-                if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
-                    raise ValidationError("prompts", f"line {i + 1}: prompt_ids must be a non-empty list of token ids")
-                items.append(PromptItem(i, row.get("prompt"), list(ids)))
-            return items
-    texts = load_prompts(spec, limit)
-    if not texts:
+    if spec.endswith(".jsonl") and Path(spec).is_file():
+        rows = jsonl_rows(spec)
+        if any("prompt_ids" in r for _, r in rows):
+            items = [_ids_item(i, n, row) for i, (n, row) in enumerate(first(rows, limit))]
+        else:
+            texts = [(n, t) for n, row in rows if (t := row_text(row))]
+            items = [_text_item(engine, i, n, t) for i, (n, t) in enumerate(first(texts, limit))]
+    else:
+        items = [_text_item(engine, i, None, t) for i, t in enumerate(load_prompts(spec, limit))]
+    if not items:
         raise ValidationError("prompts", f"{spec} gave no prompts")
-    return [PromptItem(i, t, engine.prompt_ids(Request(prompt=t))) for i, t in enumerate(texts)]
+    return items
+
+
+def _ids_item(index: int, line: int, row: dict) -> PromptItem:
+    ids = row.get("prompt_ids")
+    if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
+        raise ValidationError("prompts", f"line {line}: prompt_ids must be a non-empty list of token ids")
+    return PromptItem(index, row.get("prompt"), list(ids), line)
+
+
+def _text_item(engine: Engine, index: int, line: int | None, text: str) -> PromptItem:
+    try:
+        return PromptItem(index, text, engine.prompt_ids(Request(prompt=text)), line)
+    except ValidationError as exc:
+        raise ValidationError("prompts", f"{_where(index, line)}: {exc}") from None
+
+
+def validate_prompts(engine: Engine, items: list[PromptItem], cfg: BenchConfig) -> None:
+    """Every prompt as every kind of run the methods make will see it (token ids within the vocabulary; prompt, new
+    tokens and the largest block within the context budget), so that a bad prompt fails before the warm-up, not
+    hours into a run after the prompts before it were measured. transformers' methods need no more than `ar`."""
+    for item in items:
+        for use_draft in sorted({m in DRAFT_METHODS for m in cfg.methods}):
+            try:
+                engine.validate(cfg.make_request(item.ids, use_draft=use_draft))
+            except ValidationError as exc:
+                raise ValidationError("prompts", f"{item.where}: {exc}") from None
 
 
 def run_method(engine: Engine, method: str, ids: list[int], cfg: BenchConfig, max_new_tokens: int | None = None) -> TimedOutput:
     """One generation with one method; returns its output and timings."""
     override = {"max_new_tokens": max_new_tokens} if max_new_tokens else {}
-    if method in DRAFT_METHODS:  # --lookup-ngram sets dflash-lookup's n-gram; dflash never copies
-        override["lookup_ngram"] = (cfg.request.get("lookup_ngram") or DEFAULT_LOOKUP_NGRAM) if method == "dflash-lookup" else 0
+    if method == "dflash-lookup":  # the only method that copies from the context
+        override["lookup_ngram"] = cfg.lookup_ngram
     req = cfg.make_request(ids, use_draft=method in DRAFT_METHODS, **override)
     if method in ENGINE_METHODS:
         res = engine.generate(req)

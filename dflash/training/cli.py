@@ -4,32 +4,28 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import fields
 
-from dflash.errors import ValidationError
 from dflash.registry import SMOLLM2_GGUF
+from dflash.training.data_config import DEFAULT_LAYERS, DataConfig, TeacherForcedConfig, parse_layers
 
-DEFAULT_LAYERS = "1,8,14,15,21,27"  # a superset, so drafts of 1-3 layers can be ablated on one data set
 
-
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
+def _config(cls, args: argparse.Namespace):
+    """The stage's config from its options (the same names); it validates itself before any model loads."""
+    return cls(**{f.name: getattr(args, f.name) for f in fields(cls)} | {"layers": parse_layers(args.layers)})
 
 
 def cmd_data(args: argparse.Namespace) -> int:
     from dflash.training.data import run_data
 
-    run_data(args.target, args.out, args.prompts, _ints(args.layers), args.batch_size, args.max_prompt_tokens,
-             args.max_new_tokens, args.sampled_every, args.temperature, args.seed, args.threads)
+    run_data(_config(DataConfig, args))
     return 0
 
 
 def cmd_data_tf(args: argparse.Namespace) -> int:
     from dflash.training.data import run_teacher_forced
 
-    if not 0 <= args.min_prompt_tokens < args.max_prompt_tokens:
-        raise ValidationError("--min-prompt-tokens", "must be >= 0 and below --max-prompt-tokens")
-    run_teacher_forced(args.target, args.out, args.conversations, _ints(args.layers), args.batch_size,
-                       args.max_prompt_tokens, args.max_response_tokens, args.threads, args.turns, args.min_prompt_tokens)
+    run_teacher_forced(_config(TeacherForcedConfig, args))
     return 0
 
 
@@ -38,9 +34,9 @@ def add_parser(sub) -> None:
     stages = p.add_subparsers(dest="stage", required=True)
     d = stages.add_parser("data", help="regenerate ShareGPT responses with the target, capturing its features")
     d.add_argument("--target", default=SMOLLM2_GGUF)
-    d.add_argument("--out", required=True, help="data directory (resumable: existing shards are kept)")
+    d.add_argument("--out", required=True, help="data directory (resumable with the same settings; --prompts may grow)")
     d.add_argument("--prompts", type=int, default=2000, help="number of training prompts")
-    d.add_argument("--layers", default=DEFAULT_LAYERS, help="target layers whose outputs are stored")
+    d.add_argument("--layers", default=",".join(map(str, DEFAULT_LAYERS)), help="target layers whose outputs are stored")
     d.add_argument("--batch-size", type=int, default=32)
     d.add_argument("--max-prompt-tokens", type=int, default=256)
     d.add_argument("--max-new-tokens", type=int, default=192)
@@ -53,7 +49,7 @@ def add_parser(sub) -> None:
     t.add_argument("--target", default=SMOLLM2_GGUF)
     t.add_argument("--out", required=True)
     t.add_argument("--conversations", type=int, default=4000)
-    t.add_argument("--layers", default=DEFAULT_LAYERS)
+    t.add_argument("--layers", default=",".join(map(str, DEFAULT_LAYERS)))
     t.add_argument("--batch-size", type=int, default=16)
     t.add_argument("--max-prompt-tokens", type=int, default=160)
     t.add_argument("--min-prompt-tokens", type=int, default=0,

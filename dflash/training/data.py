@@ -4,18 +4,21 @@ Each shard `shard_NNNNN.safetensors` holds, for every sequence (chat-templated p
   input_ids [N] int64 (sequences concatenated), offsets [S+1], prompt_lens [S],
   features [N, k*H] bf16 — outputs of target layers `layer_ids` (the draft's context),
   final_hidden [N, H] bf16 — the target's last normed hidden state (teacher logits = lm_head(final_hidden)).
-Features are captured by hooks during generation itself, so they cost no extra target pass. A shard that
-exists on disk is skipped: rerunning the command resumes.
+Features are captured by hooks during generation itself, so they cost no extra target pass. Rerunning the command
+resumes: a shard on disk that holds what this run plans for its slot is skipped (data_config.check_resume first
+refuses a directory made with other settings).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
 
 import torch
+
+from dflash.training.data_config import (WINDOW_BATCHES, DataConfig, TeacherForcedConfig, check_layers_exist, check_resume,
+                                         generation_settings, stored_rows, write_meta)
 
 log = logging.getLogger("dflash.train")
 
@@ -104,54 +107,58 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, stop_id
     return rows
 
 
-def run_data(target: str, out_dir: str, n_prompts: int, layer_ids: list[int], batch_size: int = 32,
-             max_prompt_tokens: int = 256, max_new_tokens: int = 192, sampled_every: int = 4,
-             temperature: float = 0.7, seed: int = 0, threads: int | None = None) -> None:
-    """ShareGPT training prompts (chat template applied) → shards in `out_dir`."""
+def run_data(cfg: DataConfig) -> None:
+    """ShareGPT training prompts (chat template applied) → shards in `cfg.out`."""
     from dflash.datasets import sharegpt_prompts
     from dflash.load import load_target_model
 
-    if threads:
-        torch.set_num_threads(threads)
-    model, tokenizer = load_target_model(target)
+    check_resume(cfg.out, cfg.settings())  # before the model loads: a refusal takes a second
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    model, tokenizer = load_target_model(cfg.target)
+    check_layers_exist(cfg.layers, model.config.num_hidden_layers)
     prompts = []
     for text in sharegpt_prompts("train"):
         ids = chat_ids(tokenizer, text)
-        if len(ids) <= max_prompt_tokens:
+        if len(ids) <= cfg.max_prompt_tokens:
             prompts.append(ids)
-        if len(prompts) >= n_prompts:
+        if len(prompts) >= cfg.prompts:
             break
-    # Similar lengths in one batch: left padding to the longest prompt would otherwise dominate prefill cost.
-    prompts.sort(key=len)
-    write_shards(model, tokenizer, target, prompts, out_dir, layer_ids, batch_size, max_new_tokens, sampled_every,
-                 temperature, seed)
+    # Similar lengths in one batch (left padding to the longest prompt would otherwise dominate prefill cost), sorted
+    # only within windows so that a larger --prompts keeps what the shards of the complete windows hold.
+    prompts = sort_in_windows(prompts, cfg.batch_size * WINDOW_BATCHES, len)
+    write_shards(model, tokenizer, cfg.target, prompts, cfg.out, list(cfg.layers), cfg.batch_size, cfg.max_new_tokens,
+                 cfg.sampled_every, cfg.temperature, cfg.seed, selection=cfg.selection())
 
 
 def write_shards(model, tokenizer, target: str, prompts: list[list[int]], out_dir: str, layer_ids: list[int],
-                 batch_size: int, max_new_tokens: int, sampled_every: int, temperature: float, seed: int) -> None:
-    """Generate responses for `prompts` (token ids) in batches; one shard per batch; existing shards are kept."""
+                 batch_size: int, max_new_tokens: int, sampled_every: int, temperature: float, seed: int,
+                 selection: dict | None = None) -> None:
+    """Generate responses for `prompts` (token ids) in batches; one shard per batch. A shard already in `out_dir` is
+    kept when it holds this batch's prompts (made with the same settings: `check_resume`), else made again.
+    `selection`: the meta.json keys of how `prompts` were chosen and ordered."""
     from safetensors.torch import save_file
 
     from dflash.target import Target
 
     out = Path(out_dir)
+    settings = generation_settings(target, layer_ids, batch_size, max_new_tokens, sampled_every, temperature, seed)
+    settings |= selection or {}
+    check_resume(out, settings)
     out.mkdir(parents=True, exist_ok=True)
+    write_meta(out, settings, model.config)
     model.eval()
     stops = Target(model, tokenizer).stop_ids()
     pad = (tokenizer.pad_token_id if tokenizer is not None else None) or 0
-    meta = {"target": target, "layer_ids": layer_ids, "max_new_tokens": max_new_tokens, "sampled_every": sampled_every,
-            "temperature": temperature, "seed": seed, "batch_size": batch_size, "hidden_size": model.config.hidden_size,
-            "num_target_layers": model.config.num_hidden_layers, "vocab_size": model.config.vocab_size}
-    (out / "meta.json").write_text(json.dumps(meta, indent=2))
     capture = Capture(model, layer_ids)
     gen = torch.Generator().manual_seed(seed)
     n_shards = (len(prompts) + batch_size - 1) // batch_size
     t0, done_tokens = time.time(), 0
     for s in range(n_shards):
         path = out / f"shard_{s:05d}.safetensors"
-        if path.exists():
-            continue
         batch = prompts[s * batch_size:(s + 1) * batch_size]
+        if keep_shard(path, [(p, len(p)) for p in batch], prompt_only=True):
+            continue
         temp = temperature if sampled_every and s % sampled_every == sampled_every - 1 else 0.0
         gen.manual_seed(seed * 100_003 + s)
         rows = generate_batch(model, batch, max_new_tokens, stops, pad, capture, temp, gen)
@@ -166,6 +173,21 @@ def write_shards(model, tokenizer, target: str, prompts: list[list[int]], out_di
         log.info("shard %d/%d (T=%.1f): %d response tokens so far, %.1f tok/s", s + 1, n_shards, temp, done_tokens,
                  done_tokens / (time.time() - t0))
     capture.remove()
+
+
+def keep_shard(path: Path, planned: list[tuple[list[int], int]], prompt_only: bool) -> bool:
+    """True when the shard at `path` exists and holds the planned (sequence, prompt length) rows (`prompt_only`: the
+    planned sequences are prompts, compared with the stored sequences' prompts). A count that grew changes what
+    the last, incomplete sort window holds, so its shards are made again."""
+    if not path.exists():
+        return False
+    stored = stored_rows(path)
+    if prompt_only:
+        stored = [(ids[:n], n) for ids, n in stored]
+    if stored == planned:
+        return True
+    log.info("%s holds other sequences than this run plans for it: making it again", path.name)
+    return False
 
 
 @torch.inference_mode()
@@ -187,60 +209,63 @@ def teacher_forced_batch(model, seqs: list[list[int]], pad_id: int, capture: Cap
             for i, x in enumerate(seqs)]
 
 
-WINDOW_BATCHES = 32  # length-sorting window, in batches
-
-
 def sort_in_windows(rows: list, window: int, key) -> list:
     """Sort by length inside consecutive windows of `window` rows: batches of similar lengths (little padding)
-    while every prefix of the shards stays a sample of the whole corpus, so a run stopped early (or resumed
-    with a larger count) is not biased towards short conversations and keeps its shard numbering."""
+    while every prefix of the shards stays a sample of the whole corpus, so a run stopped early is not biased
+    towards short sequences, and one resumed with a larger count keeps the shards of its complete windows (those
+    of the last, incomplete window hold other rows then: `keep_shard` makes them again)."""
     return [r for i in range(0, len(rows), window) for r in sorted(rows[i:i + window], key=key)]
 
 
-def run_teacher_forced(target: str, out_dir: str, n: int, layer_ids: list[int], batch_size: int = 16,
-                       max_prompt_tokens: int = 160, max_response_tokens: int = 256, threads: int | None = None,
-                       turns: str = "first", min_prompt_tokens: int = 0) -> None:
+def run_teacher_forced(cfg: TeacherForcedConfig) -> None:
     """Cheap extra data: ShareGPT's recorded replies, one teacher-forced target pass each (no generation), with
     the target's own next-token predictions stored as labels (`target_pred`). Off-policy contexts, on-policy
     labels: one forward pass per sequence instead of one per token, so several times more tokens per CPU second
     than regeneration."""
-    from safetensors.torch import save_file
-
-    from dflash.datasets import sharegpt_dialogues, sharegpt_pairs
     from dflash.load import load_target_model
 
-    if threads:
-        torch.set_num_threads(threads)
-    model, tokenizer = load_target_model(target)
+    check_resume(cfg.out, cfg.settings())  # before the model loads: a refusal takes a second
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    model, tokenizer = load_target_model(cfg.target)
+    check_layers_exist(cfg.layers, model.config.num_hidden_layers)
     model.eval()
+    rows = sort_in_windows(recorded_rows(tokenizer, cfg), cfg.batch_size * WINDOW_BATCHES, lambda pr: len(pr[0]) + len(pr[1]))
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_meta(out, cfg.settings(), model.config)
+    write_teacher_forced(model, tokenizer.pad_token_id or 0, rows, out, cfg)
+
+
+def recorded_rows(tokenizer, cfg: TeacherForcedConfig) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, reply ids) of the first `cfg.conversations` ShareGPT replies that fit, in file order."""
+    from dflash.datasets import sharegpt_dialogues, sharegpt_pairs
+
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     rows = []
     # "first": first turns deduplicated by text (the original set); "later"/"all": multi-turn histories.
-    pairs = sharegpt_pairs("train") if turns == "first" else sharegpt_dialogues("train", turns)
+    pairs = sharegpt_pairs("train") if cfg.turns == "first" else sharegpt_dialogues("train", cfg.turns)
     for prompt, reply in pairs:
         p = chat_ids(tokenizer, prompt)
-        if not reply or not min_prompt_tokens < len(p) <= max_prompt_tokens:
+        if not reply or not cfg.min_prompt_tokens < len(p) <= cfg.max_prompt_tokens:
             continue
-        r = tokenizer(reply, add_special_tokens=False)["input_ids"][:max_response_tokens]
-        rows.append((p, r + ([end] if len(r) < max_response_tokens and isinstance(end, int) else [])))
-        if len(rows) >= n:
+        r = tokenizer(reply, add_special_tokens=False)["input_ids"][:cfg.max_response_tokens]
+        rows.append((p, r + ([end] if len(r) < cfg.max_response_tokens and isinstance(end, int) else [])))
+        if len(rows) >= cfg.conversations:
             break
-    rows = sort_in_windows(rows, batch_size * WINDOW_BATCHES, lambda pr: len(pr[0]) + len(pr[1]))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"target": target, "layer_ids": layer_ids, "kind": "teacher-forced", "turns": turns,
-            "prompt_tokens": [min_prompt_tokens, max_prompt_tokens],
-            "hidden_size": model.config.hidden_size,
-            "num_target_layers": model.config.num_hidden_layers, "vocab_size": model.config.vocab_size}
-    (out / "meta.json").write_text(json.dumps(meta, indent=2))
-    capture = Capture(model, layer_ids)
-    pad = tokenizer.pad_token_id or 0
-    t0, done = time.time(), 0
-    for s in range(0, len(rows), batch_size):
-        path = out / f"shard_{s // batch_size:05d}.safetensors"
-        if path.exists():
+    return rows
+
+
+def write_teacher_forced(model, pad: int, rows: list[tuple[list[int], list[int]]], out: Path, cfg: TeacherForcedConfig) -> None:
+    from safetensors.torch import save_file
+
+    capture = Capture(model, list(cfg.layers))
+    t0, done, bs = time.time(), 0, cfg.batch_size
+    for s in range(0, len(rows), bs):
+        path = out / f"shard_{s // bs:05d}.safetensors"
+        batch = rows[s:s + bs]
+        if keep_shard(path, [(p + r, len(p)) for p, r in batch], prompt_only=False):
             continue
-        batch = rows[s:s + batch_size]
         res = teacher_forced_batch(model, [p + r for p, r in batch], pad, capture)
         lens = torch.tensor([0] + [len(x[0]) for x in res])
         tensors = {"input_ids": torch.cat([torch.tensor(x[0]) for x in res]), "offsets": lens.cumsum(0),
@@ -250,8 +275,8 @@ def run_teacher_forced(target: str, out_dir: str, n: int, layer_ids: list[int], 
         save_file(tensors, str(tmp))
         tmp.replace(path)
         done += sum(len(r) for _, r in batch)
-        log.info("teacher-forced shard %d/%d: %d response tokens, %.1f tok/s", s // batch_size + 1,
-                 (len(rows) + batch_size - 1) // batch_size, done, done / (time.time() - t0))
+        log.info("teacher-forced shard %d/%d: %d response tokens, %.1f tok/s", s // bs + 1, (len(rows) + bs - 1) // bs,
+                 done, done / (time.time() - t0))
     capture.remove()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,7 +19,8 @@ from pathlib import Path
 import torch
 
 from dflash.draft import DFlashDraftModel, DraftConfig, build_target_layer_ids, load_draft, save_draft
-from dflash.training.corpus import Corpus, frequent_vocab
+from dflash.errors import ValidationError
+from dflash.training.corpus import Corpus, feature_columns, frequent_vocab, split_last_layer
 from dflash.training.objective import (block_attention_mask, cosine_lr, default_gamma, on_policy_prefix, partial_mask,
                                        position_weights, sample_anchors, weighted_loss)
 
@@ -58,24 +60,66 @@ class FitConfig:
     snapshot_base: int = 250  # keep a copy of the draft at steps base·2^k (log-spaced points of the τ curve); 0: off
 
     def __post_init__(self) -> None:
+        """Bad values raise ValidationError naming the `train fit` option (one line from the CLI)."""
         if self.residual_init not in ("zero", "normal"):
-            raise ValueError("residual_init must be 'zero' or 'normal'")
+            raise ValidationError("--residual-init", f"must be zero or normal, got {self.residual_init!r}")
         if self.onpolicy_blocks not in (0, 1):
-            raise ValueError("onpolicy_blocks must be 0 or 1")
-        if self.snapshot_base < 0 or self.stop_at < 0:
-            raise ValueError("snapshot_base and stop_at must be >= 0")
-        if self.layers < 1:
-            raise ValueError("layers must be >= 1")
-        if self.block_size < 2:
-            raise ValueError("block_size must be >= 2")
-        if self.steps < 1 or self.seqs_per_step < 1 or self.anchors_per_seq < 1:
-            raise ValueError("steps, seqs_per_step and anchors_per_seq must be >= 1")
-        if not 0.0 < self.data_fraction <= 1.0:
-            raise ValueError("data_fraction must be in (0, 1]")
-        if not 0.0 <= self.partial_prob <= 1.0:
-            raise ValueError("partial_prob must be in [0, 1]")
-        if self.lr <= 0 or self.kl_weight < 0:
-            raise ValueError("lr must be > 0 and kl_weight >= 0")
+            raise ValidationError("--onpolicy-blocks", f"must be 0 or 1, got {self.onpolicy_blocks}")
+        for name, lo in (("layers", 1), ("block_size", 2), ("steps", 1), ("seqs_per_step", 1), ("anchors_per_seq", 1),
+                         ("ckpt_every", 1), ("eval_every", 1), ("draft_vocab", 0), ("mask_token_id", 0),
+                         ("intermediate_size", 0), ("seed", 0), ("holdout_shards", 0), ("threads", 0), ("stop_at", 0),
+                         ("snapshot_base", 0)):
+            if getattr(self, name) < lo:
+                raise ValidationError(option(name), f"must be >= {lo}, got {getattr(self, name)}")
+        for name, lo, hi in (("gamma", 0.0, None), ("lr", None, None), ("weight_decay", 0.0, None), ("clip", None, None),
+                             ("kl_weight", 0.0, None), ("partial_prob", 0.0, 1.0), ("data_fraction", None, 1.0)):
+            _check_float(name, getattr(self, name), lo, hi)
+        ids = self.target_layer_ids
+        if min(ids, default=0) < 0 or len(set(ids)) != len(ids):
+            raise ValidationError("--layer-ids", f"must be distinct layer indices >= 0, got {','.join(map(str, ids))}")
+
+
+def _check_float(name: str, value: float, lo: float | None, hi: float | None) -> None:
+    """lo None: must be > 0; else >= lo. hi None: no upper bound."""
+    ok = math.isfinite(value) and (value > 0 if lo is None else value >= lo) and (hi is None or value <= hi)
+    if not ok:
+        bound = ("> 0" if lo is None else f">= {lo}") + ("" if hi is None else f" and <= {hi}")
+        raise ValidationError(option(name), f"must be {bound}, got {value}")
+
+
+def option(name: str) -> str:
+    """The `train fit` option of a FitConfig field."""
+    return "--layer-ids" if name == "target_layer_ids" else "--" + name.replace("_", "-")
+
+
+def read_data_meta(data: str) -> list[dict]:
+    """meta.json of every comma-separated data directory, read before the target loads."""
+    metas = []
+    for d in data.split(","):
+        path = Path(d) / "meta.json"
+        if not path.is_file():
+            raise ValidationError("--data", f"{d} has no meta.json: give directories made by `train data` or `train data-tf`")
+        metas.append(json.loads(path.read_text()))
+    return metas
+
+
+def check_against_data(cfg: FitConfig, metas: list[dict]) -> list[int]:
+    """The target layers to fuse (the z-lab rule for --layers unless --layer-ids), checked against what every data
+    directory stores, and the other options the data bounds; before the target loads."""
+    meta = metas[0]
+    ids = cfg.target_layer_ids or build_target_layer_ids(meta["num_target_layers"], cfg.layers)
+    for m in metas:
+        try:
+            from_features, _ = split_last_layer(m["layer_ids"], ids, m["num_target_layers"])
+            feature_columns(m["layer_ids"], from_features, m["hidden_size"])
+        except ValueError as exc:
+            raise ValidationError("--layer-ids" if cfg.target_layer_ids else "--layers", str(exc)) from None
+    if cfg.mask_token_id >= meta["vocab_size"]:
+        raise ValidationError("--mask-token-id", f"must be below the target's vocabulary size {meta['vocab_size']}, "
+                                                 f"got {cfg.mask_token_id}")
+    if cfg.init_from and not Path(cfg.init_from, "config.json").is_file():
+        raise ValidationError("--init-from", f"{cfg.init_from} is not a draft directory (no config.json)")
+    return ids
 
 
 def widen_fc(weight: torch.Tensor, old_ids: list[int], new_ids: list[int]) -> torch.Tensor:
@@ -103,11 +147,12 @@ class Trainer:
         from dflash.load import load_target_model
         from dflash.target import Target
 
+        metas = read_data_meta(cfg.data)
+        layer_ids = check_against_data(cfg, metas)  # bad options fail here, before the target loads
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.cfg = cfg
-        meta = json.loads((Path(cfg.data.split(",")[0]) / "meta.json").read_text())
-        model, tokenizer = load_target_model(meta.get("target", SMOLLM2_GGUF))
+        model, tokenizer = load_target_model(metas[0].get("target", SMOLLM2_GGUF))
         tc = model.config
         # Frozen, shared: the target's embedding and LM head. [V, H] each.
         self.embed = model.get_input_embeddings().weight.detach().float().clone()
@@ -115,7 +160,6 @@ class Trainer:
         stops = sorted(Target(model, tokenizer).stop_ids())
         final_norm = model.model.norm.weight.detach().float().clone()  # [H]
         del model
-        layer_ids = cfg.target_layer_ids or build_target_layer_ids(tc.num_hidden_layers, cfg.layers)
         self.corpus = Corpus(cfg.data, layer_ids, cfg.holdout_shards)
         if cfg.data_fraction < 1.0:  # a fixed-seed subset, so the ablation is reproducible
             keep = torch.randperm(len(self.corpus.train), generator=torch.Generator().manual_seed(0))
@@ -172,7 +216,7 @@ class Trainer:
         kept, old_ids = src.config.num_hidden_layers, src.config.target_layer_ids
         if (shape(src.config) != shape(self.dcfg) or kept > self.dcfg.num_hidden_layers
                 or src.config.mask_token_id != self.dcfg.mask_token_id or not set(old_ids) <= set(self.dcfg.target_layer_ids)):
-            raise ValueError(f"init_from: {self.cfg.init_from} has another architecture than this run")
+            raise ValidationError("--init-from", f"{self.cfg.init_from} has another architecture than this run")
         state = src.state_dict()
         state["fc.weight"] = widen_fc(state["fc.weight"], old_ids, self.dcfg.target_layer_ids)
         missing, unexpected = draft.load_state_dict(state, strict=False)

@@ -6,7 +6,9 @@ import argparse
 import json
 import sys
 from dataclasses import fields
+from pathlib import Path
 
+from dflash.errors import ValidationError
 from dflash.training.fit import FitConfig
 
 
@@ -15,9 +17,32 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     kw = {f.name: getattr(args, f.name) for f in fields(FitConfig) if hasattr(args, f.name) and getattr(args, f.name) is not None}
     if args.layer_ids:
-        kw["target_layer_ids"] = [int(x) for x in args.layer_ids.split(",")]
-    Trainer(FitConfig(**kw)).fit()
+        try:
+            kw["target_layer_ids"] = [int(x) for x in args.layer_ids.split(",")]
+        except ValueError:
+            raise ValidationError("--layer-ids", f"must be comma-separated integers, got {args.layer_ids!r}") from None
+    Trainer(FitConfig(**kw)).fit()  # FitConfig and the Trainer check the options before the target loads
     return 0
+
+
+def eval_prompts(args: argparse.Namespace) -> list:
+    """The prompts to evaluate, after every option error that needs no model (one line naming the option)."""
+    from dflash.datasets import load_prompts
+    from dflash.request import Request
+
+    if args.threads is not None and args.threads < 1:
+        raise ValidationError("--threads", f"must be >= 1, got {args.threads}")
+    if args.limit < 1:  # load_prompts would read 0 as "all" and -5 as "all but the last 5"
+        raise ValidationError("--limit", f"must be >= 1, got {args.limit}")
+    if args.output and not Path(args.output).resolve().parent.is_dir():  # not after the whole evaluation
+        raise ValidationError("--output", f"directory {str(Path(args.output).parent)!r} does not exist")
+    try:
+        Request(prompt_ids=(0,), max_new_tokens=args.max_new_tokens, block_size=args.block_size,
+                diffusion_steps=args.steps, temperature=args.temperature, seed=args.seed)
+        return load_prompts(args.prompts, args.limit)
+    except ValidationError as exc:  # named by the request field: name the option instead
+        name = {"diffusion_steps": "--steps"}.get(exc.param, "--" + exc.param.replace("_", "-"))
+        raise ValidationError(name, str(exc)[len(exc.param) + 2:]) from None
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -26,13 +51,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from dflash.bench.machine import machine_info
-    from dflash.datasets import load_prompts
     from dflash.load import load_engine
     from dflash.training.evaluate import evaluate_draft
 
+    prompts = eval_prompts(args)
     # float32: the exact mode, so "identical" counts outputs equal to the no-draft loop's token for token.
     engine, info = load_engine(args.preset, draft=args.draft, dtype="float32", threads=args.threads)
-    prompts = load_prompts(args.prompts, args.limit)
     bar = tqdm(total=len(prompts), desc=f"eval {args.prompts}", disable=args.quiet)
     res = evaluate_draft(engine, prompts, args.max_new_tokens, args.block_size, args.steps, not args.no_baseline,
                          on_prompt=lambda _row: bar.update(1), temperature=args.temperature, seed=args.seed)
@@ -62,7 +86,7 @@ def add_stages(stages) -> None:
     e.add_argument("--preset", default="default")
     e.add_argument("--draft", help="draft directory (default: the preset's)")
     e.add_argument("--prompts", default="mt-bench")
-    e.add_argument("--limit", type=int, default=20)
+    e.add_argument("--limit", type=int, default=20, help="first N prompts of the set (>= 1)")
     e.add_argument("--max-new-tokens", type=int, default=128)
     e.add_argument("--block-size", type=int)
     e.add_argument("--steps", type=int, default=1)

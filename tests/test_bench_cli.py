@@ -1,0 +1,191 @@
+"""`python -m dflash bench` through a subprocess, as a user runs it: options are checked before any model loads,
+every prompt before the first is measured, a resumed file keeps one set of conditions, and the result records what
+each method ran with."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import tiny_draft, tiny_target
+from dflash.draft import save_draft
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+PROMPTS = [[5, 17, 33, 4, 90, 61], [7, 8, 9, 10, 11, 12, 7, 8, 9, 10]]
+CONTEXT = 512  # the tiny target's max_position_embeddings
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A tiny Llama target (vocabulary 256, context 512; no tokenizer: prompt_ids rows only), a draft for it and a
+    2-prompt JSONL set."""
+    d = tmp_path_factory.mktemp("bench-cli")
+    target = tiny_target("llama")
+    target.model.save_pretrained(d / "target")
+    save_draft(tiny_draft(target, block_size=6), d / "draft")
+    write_jsonl(d / "prompts.jsonl", PROMPTS)
+    return d
+
+
+def write_jsonl(path: Path, prompts: list[list[int]]) -> Path:
+    path.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in prompts))
+    return path
+
+
+def bench(d: Path, out: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """`python -m dflash bench` on the tiny models: 4 new tokens, no warm-up, one thread (given options win)."""
+    args = ["--target", str(d / "target"), "--draft", str(d / "draft"), "--prompts", str(d / "prompts.jsonl"),
+            "--max-new-tokens", "4", "--no-warmup", "--no-progress", "--threads", "1", "--output", str(out), *extra]
+    return subprocess.run([sys.executable, "-m", "dflash", "bench", *args], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def assert_option_error(proc: subprocess.CompletedProcess, *words: str) -> str:
+    """Exit status 2 and one `error:` line, the last one, holding every word; no traceback. Returns the line."""
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]  # besides transformers' load progress
+    assert len(errors) == 1 and proc.stderr.rstrip().endswith(errors[0]), proc.stderr
+    assert all(w in errors[0] for w in words), errors[0]
+    return errors[0]
+
+
+# -- dflash-lookup's n-gram ------------------------------------------------------------------------------------------
+def test_the_result_records_the_ngram_dflash_lookup_ran_with(models, tmp_path):
+    """Without --lookup-ngram, dflash-lookup copies with 2-grams: the result says 2 (it used to say 0, "off"), and
+    the request, which every method shares, holds no n-gram (ar and dflash never copy)."""
+    out = tmp_path / "r.json"
+    proc = bench(models, out, "--methods", "ar,dflash-lookup", "--limit", "1")
+    assert proc.returncode == 0, proc.stderr
+    cfg = json.loads(out.read_text())["config"]
+    assert cfg["lookup_ngram"] == 2 and "lookup_ngram" not in cfg["request"]
+
+
+def test_lookup_ngram_without_dflash_lookup_is_refused(models, tmp_path):
+    """dflash never copies, so `--lookup-ngram 3 --methods ar,dflash` would measure nothing it says: refused before
+    any model loads; so is 0 (dflash-lookup always copies: 0 used to mean 2 here)."""
+    out = tmp_path / "r.json"
+    assert_option_error(bench(models, out, "--methods", "ar,dflash", "--lookup-ngram", "3"), "--lookup-ngram",
+                        "dflash-lookup")
+    assert_option_error(bench(models, out, "--methods", "ar,dflash-lookup", "--lookup-ngram", "0"), "lookup_ngram",
+                        "[1, 8]")
+    assert not out.exists()
+
+
+def test_bench_help_says_what_lookup_ngram_means_here():
+    proc = subprocess.run([sys.executable, "-m", "dflash", "bench", "--help"], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())  # argparse wraps the help text
+    help_text = text[text.index("--lookup-ngram N "):]
+    assert help_text.startswith("--lookup-ngram N dflash-lookup's n-gram length") and "0 = off" not in text
+    assert "[--resume | --overwrite]" in text
+
+
+# -- --resume ---------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def measured(models, tmp_path_factory):
+    """A complete 2-prompt ar result to cut back into an interrupted one."""
+    out = tmp_path_factory.mktemp("measured") / "r.json"
+    proc = bench(models, out, "--methods", "ar")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(out.read_text())
+
+
+def interrupted(measured: dict, path: Path, edit=None) -> dict:
+    """`measured` as a run stopped after its first prompt, edited by `edit(doc)`, written to `path`."""
+    doc = json.loads(json.dumps(measured))
+    doc.update(prompts=doc["prompts"][:1], complete=False, finished_at=None)
+    if edit:
+        edit(doc)
+    path.write_text(json.dumps(doc))
+    return doc
+
+
+@pytest.mark.parametrize("edit, extra, named", [
+    (lambda doc: doc["machine"].update(cpu_model="Another CPU", torch="1.0.0"), [], ["machine.cpu_model", "machine.torch"]),
+    (lambda doc: doc["models"]["host"].update(layout="other"), [], ["models.host.layout"]),
+    (lambda doc: doc["models"].update(quantize="8bit"), [], ["models.quantize"]),
+    (None, ["--threads", "2"], ["machine.torch_threads"]),  # the same file continued with other threads
+])
+def test_resume_refuses_other_conditions_naming_them(models, measured, tmp_path, edit, extra, named):
+    out = tmp_path / "r.json"
+    before = interrupted(measured, out, edit)
+    line = assert_option_error(bench(models, out, "--methods", "ar", "--resume", *extra), "resume", *named)
+    assert "--overwrite" in line and json.loads(out.read_text()) == before  # the file left alone
+
+
+def test_resume_keeps_the_original_machine_and_command(models, measured, tmp_path):
+    """The resumed file describes the run that made it (its machine: load average, memory at the start …, its
+    command) and records the resume's command line apart. The interrupted file is in the format written before
+    `config.lookup_ngram` existed (`request.lookup_ngram`), which still resumes."""
+    def older(doc):
+        doc["machine"].update(load_average=[9.5, 9.5, 9.5], memory_gb=1.5)
+        doc["command"] = "python -m dflash bench --original"
+        doc["config"]["request"]["lookup_ngram"] = 0
+        doc["config"].pop("lookup_ngram", None)
+
+    out = tmp_path / "r.json"
+    old = interrupted(measured, out, older)
+    proc = bench(models, out, "--methods", "ar", "--resume")
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(out.read_text())
+    assert r["complete"] and len(r["prompts"]) == 2 and r["prompts"][0] == old["prompts"][0]
+    assert r["machine"] == old["machine"] and r["command"] == old["command"]
+    assert "--resume" in r["resumed_command"] and "--resume" not in r["command"]
+
+
+def test_resume_and_overwrite_together_are_refused(models, measured, tmp_path):
+    out = tmp_path / "r.json"
+    before = interrupted(measured, out)
+    proc = bench(models, out, "--methods", "ar", "--resume", "--overwrite")
+    assert proc.returncode == 2 and "not allowed with argument" in proc.stderr and "Traceback" not in proc.stderr
+    assert json.loads(out.read_text()) == before
+
+
+# -- output paths ---------------------------------------------------------------------------------------------------
+def test_a_markdown_path_in_a_missing_folder_is_refused_before_anything_runs(models, tmp_path):
+    """It used to fail with a traceback after the first prompt, leaving a partial JSON that blocked the corrected
+    command."""
+    out = tmp_path / "r.json"
+    assert_option_error(bench(models, out, "--methods", "ar", "--markdown", str(tmp_path / "missing" / "x.md")),
+                        "markdown", "does not exist")
+    assert_option_error(bench(models, out, "--methods", "ar", "--markdown", str(out)), "markdown", "--output")
+    assert not out.exists()
+
+
+# -- prompts are checked up front ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad_row, words", [
+    ('{"prompt_ids": [1, 2, 256]}', ["line 3", "vocab size 256"]),
+    (json.dumps({"prompt_ids": [1] * (CONTEXT - 8)}), ["line 3", "context budget"]),
+    ('{"prompt_ids": [1, 2', ["line 3", "not JSON"]),  # a truncated line (a line that is no object: test_datasets)
+])
+def test_every_prompt_is_checked_before_the_first_is_measured(models, tmp_path, bad_row, words):
+    """A bad second prompt (on line 3: a blank line before it) is named by its line, and nothing is measured or
+    written: before, prompt 0 was measured first and the error named no line (or was a JSONDecodeError traceback)."""
+    prompts, out = tmp_path / "p.jsonl", tmp_path / "r.json"
+    prompts.write_text(json.dumps({"prompt_ids": PROMPTS[0]}) + "\n\n" + bad_row + "\n")
+    assert_option_error(bench(models, out, "--prompts", str(prompts), "--methods", "ar,dflash"), "prompts", *words)
+    assert not out.exists()
+
+
+# -- --random-draft -----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("layers", ["0", "9"])
+def test_random_draft_out_of_range_is_refused_before_any_model_loads(models, tmp_path, layers):
+    """A target that does not exist: the refusal comes before the load. 0 used to be ignored (the trained draft ran
+    while the command said --random-draft 0); -1 and 9 were refused only after the target had loaded."""
+    proc = bench(models, tmp_path / "r.json", "--target", str(tmp_path / "no-such-target"), "--random-draft", layers)
+    assert_option_error(proc, "random_draft", "[1, 8]")
+
+
+def test_random_draft_replaces_the_draft(models, tmp_path):
+    out = tmp_path / "r.json"
+    proc = bench(models, out, "--methods", "ar,dflash", "--random-draft", "1", "--limit", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["models"]["draft"].startswith("RANDOM (1 layers")
