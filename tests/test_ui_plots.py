@@ -144,6 +144,11 @@ def test_a_run_that_copies_splits_every_acceptance_view_by_source(runs):
         assert list(series.y) == [v.accepted_len + 1 for v in by[src]] and list(size.y) == [v.block_size for v in by[src]]
     assert drafted.marker.symbol != copied.marker.symbol and "copied" in copied.name
     assert size_d.line.dash != size_c.line.dash and "copied" in size_c.name
+    # Four long legend entries wrap: the legend hangs below the axis title and the figure grows by as much as the
+    # bottom margin, so the plot area keeps the height of a figure without a legend.
+    lay, bare = fig.layout, plots.acceptance_histogram_figure(runs["mixed"]).layout
+    assert lay.legend.yanchor == "top" and lay.legend.y < 0 and lay.height > bare.height
+    assert lay.height - lay.margin.t - lay.margin.b == bare.height - bare.margin.t - bare.margin.b
     # Each controller's decisions are written against its own previous block, never at a switch of source alone.
     sizes = {e.block: e for e in events if isinstance(e, ev.BlockSize)}
     changes = [b for src in ev.BLOCK_SOURCES for a, b in zip(by[src], by[src][1:])

@@ -36,13 +36,33 @@ def _axis(title: str, rng: list[float], **kw: Any) -> dict[str, Any]:
 
 def _figure(data: list[dict], title: str, xaxis: dict, yaxis: dict, shapes: list | None = None,
             annotations: list | None = None, height: int = 270, **layout_extra: Any) -> go.Figure:
-    layout = {"template": NONE_TEMPLATE, "title": {"text": title, "font": {"size": 14}, "x": 0.01}, "height": height,
-              "margin": {"l": 52, "r": 12, "t": 36, "b": 44}, "xaxis": xaxis, "yaxis": yaxis,
-              "legend": {"orientation": "h", "y": -0.3, "x": 0}, "hovermode": "closest", "font": {"size": 11},
+    # The legend (shown for two series or more) hangs by its top below the x axis's title and the figure grows by its
+    # rows, so a legend that wraps never covers the title and the plot area keeps its height.
+    rows = _legend_rows(data) if len(data) > 1 else 0
+    grow = LEGEND_ROW_PX * rows + (20 if rows else 0)
+    layout = {"template": NONE_TEMPLATE, "title": {"text": title, "font": {"size": 14}, "x": 0.01}, "height": height + grow,
+              "margin": {"l": 52, "r": 12, "t": 36, "b": 44 + grow}, "xaxis": xaxis, "yaxis": yaxis,
+              "legend": {"orientation": "h", "y": -LEGEND_TOP_PX / (height - 80), "yanchor": "top", "x": 0},
+              "hovermode": "closest", "font": {"size": 11},
               "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)", "transition": {"duration": 0},
               "shapes": shapes or [], "annotations": annotations or [], **layout_extra}
     # Unvalidated for speed (tests validate every figure with go.Figure(fig.to_dict())).
     return go.Figure({"data": data, "layout": layout}, _validate=False)
+
+
+LEGEND_ROW_PX, LEGEND_TOP_PX = 20, 52  # one legend row; the legend's top below the plot area (under the axis title)
+LEGEND_WIDTH_PX = 400  # what a row holds in the playground's half-width plots (the widest layout's narrowest case)
+
+
+def _legend_rows(data: list[dict]) -> int:
+    """Rows of a horizontal legend: each entry about 6 px per character plus its symbol."""
+    widths = [40 + 6 * len(d.get("name", "")) for d in data]
+    rows, used = 1, 0
+    for w in widths:
+        if used and used + w > LEGEND_WIDTH_PX:
+            rows, used = rows + 1, 0
+        used += w
+    return rows
 
 
 def _note(text: str) -> dict[str, Any]:
