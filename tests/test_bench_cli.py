@@ -158,6 +158,10 @@ def test_a_markdown_path_in_a_missing_folder_is_refused_before_anything_runs(mod
                         "markdown", "does not exist")
     assert_option_error(bench(models, out, "--methods", "ar", "--markdown", str(out)), "markdown", "--output")
     assert not out.exists()
+    table = tmp_path / "table.md"
+    table.write_text("kept")  # an existing table is replaced only when asked, as the JSON is
+    assert_option_error(bench(models, out, "--methods", "ar", "--markdown", str(table)), "markdown", "--overwrite")
+    assert table.read_text() == "kept" and not out.exists()
 
 
 # -- prompts are checked up front ----------------------------------------------------------------------------------
@@ -185,7 +189,15 @@ def test_random_draft_out_of_range_is_refused_before_any_model_loads(models, tmp
 
 
 def test_random_draft_replaces_the_draft(models, tmp_path):
+    """--random-draft runs in place of the draft; with --draft or --no-draft too, one of them would be ignored, so the
+    pair is refused before any model loads."""
     out = tmp_path / "r.json"
-    proc = bench(models, out, "--methods", "ar,dflash", "--random-draft", "1", "--limit", "1")
+    assert_option_error(bench(models, out, "--random-draft", "1"), "random_draft", "--draft")
+    assert_option_error(bench(models, out, "--random-draft", "1", "--no-draft"), "random_draft", "--no-draft")
+    args = ["--target", str(models / "target"), "--prompts", str(models / "prompts.jsonl"), "--max-new-tokens", "4",
+            "--no-warmup", "--no-progress", "--threads", "1", "--output", str(out), "--methods", "ar,dflash",
+            "--random-draft", "1", "--limit", "1"]
+    proc = subprocess.run([sys.executable, "-m", "dflash", "bench", *args], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text())["models"]["draft"].startswith("RANDOM (1 layers")

@@ -125,6 +125,8 @@ def _result_paths(args) -> tuple[Path, Path]:
         raise ValidationError("markdown", f"{args.markdown} is a directory; give a file path")
     if md.resolve() == out.resolve():
         raise ValidationError("markdown", "must differ from --output (the table would replace the JSON result)")
+    if md.exists() and not (args.resume or args.overwrite):
+        raise ValidationError("markdown", f"{args.markdown} exists: pass --overwrite to replace it (or --resume)")
     return out, md
 
 
@@ -159,6 +161,8 @@ def _bench_config(args: argparse.Namespace) -> BenchConfig:
     if args.limit is not None and args.limit < 1:
         raise ValidationError("limit", f"must be >= 1, got {args.limit}")
     check_random_draft(args.random_draft)
+    if args.random_draft is not None and (args.draft or args.no_draft):
+        raise ValidationError("random_draft", "replaces the draft: leave out --draft and --no-draft")
     kwargs = request_kwargs(args)
     del kwargs["use_draft"], kwargs["lookup_ngram"]  # the method decides both
     return BenchConfig(methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), request=kwargs,
