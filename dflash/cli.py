@@ -65,14 +65,14 @@ def request_kwargs(args: argparse.Namespace) -> dict:
                 verify=args.verify, deadline_s=args.deadline, lookup_ngram=args.lookup_ngram)
 
 
-# The decoding options that only shape drafted blocks, with their defaults (`generate --no-draft` names those given).
-DRAFT_ONLY_DEFAULTS = {"block_size": None, "steps": 1, "confidence_threshold": 0.9, "adaptive": "auto",
-                       "min_block_size": 2, "max_block_size": None, "acceptance_threshold": 1.0, "lookup_ngram": 0}
+# The decoding options that only shape drafted blocks (`generate --no-draft` names those given).
+DRAFT_ONLY = ("block_size", "steps", "confidence_threshold", "adaptive", "min_block_size", "max_block_size",
+              "acceptance_threshold", "lookup_ngram")
 
 
 def draft_only_options(args: argparse.Namespace) -> list[str]:
-    """The draft-only options given a value other than their default, as command-line flags."""
-    return ["--" + k.replace("_", "-") for k, v in DRAFT_ONLY_DEFAULTS.items() if getattr(args, k) != v]
+    """The draft-only options given a value other than their parser's default, as command-line flags."""
+    return ["--" + k.replace("_", "-") for k in DRAFT_ONLY if getattr(args, k) != args._parser.get_default(k)]
 
 
 def check_model_args(args: argparse.Namespace) -> None:
@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--trace", help="write every event as JSON lines to this file")
     add_model_args(g)
     add_engine_args(g)
-    g.set_defaults(func=cmd_generate)
+    g.set_defaults(func=cmd_generate, _parser=g)
     for name, module in SUBCOMMANDS.items():
         try:
             importlib.import_module(module).add_parser(sub)

@@ -122,8 +122,10 @@ def _copied(state: RunState) -> bool:
 
 
 # Per block source: how its series look (colours match the token stream's: drafted blue, copied green).
-SOURCE_STYLE = {ev.DRAFT: {"name": "drafted", "color": VERMILLION, "symbol": "diamond", "bar": BLUE, "pattern": "/"},
-                ev.COPY: {"name": "copied", "color": GREEN, "symbol": "star", "bar": GREEN, "pattern": "."}}
+# "color": committed-token markers; "bar": bars and the size line (solid or "dash").
+SOURCE_STYLE = {ev.DRAFT: {"name": "drafted", "color": VERMILLION, "symbol": "diamond", "bar": BLUE, "pattern": "/",
+                           "dash": "solid"},
+                ev.COPY: {"name": "copied", "color": GREEN, "symbol": "star", "bar": GREEN, "pattern": ".", "dash": "dot"}}
 
 
 def _committed_series(verifies: list, source: str | None) -> dict[str, Any]:
@@ -142,10 +144,10 @@ def _size_series(state: RunState, source: str | None) -> dict[str, Any]:
     source's line holding its own controller's size until its next block."""
     vs = [v for v in state.verifies if source is None or v.source == source]
     sizes = [state.blocks[v.block].size for v in vs]
-    name = "block size" + (f", {SOURCE_STYLE[source]['name']} blocks" if source else "")
+    style = SOURCE_STYLE[source or ev.DRAFT]
+    name = "block size" + (f", {style['name']} blocks" if source else "")
     return {"type": "scatter", "x": [v.block for v in vs], "y": [v.block_size for v in vs], "mode": "lines",
-            "line": {"shape": "hv", "color": BLUE if source != ev.COPY else GREEN, "width": 2,
-                     "dash": "solid" if source != ev.COPY else "dot"}, "name": name,
+            "line": {"shape": "hv", "color": style["bar"], "width": 2, "dash": style["dash"]}, "name": name,
             "hovertext": [_plain(d.reason) if d else "" for d in sizes],
             "hovertemplate": "block %{x}: size %{y}<br>%{hovertext}<extra></extra>"}
 
