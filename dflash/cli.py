@@ -77,11 +77,11 @@ def draft_only_options(args: argparse.Namespace) -> list[str]:
 
 def check_model_args(args: argparse.Namespace) -> None:
     """Option errors found before any model loads: one line naming the option, exit status 2."""
-    import torch
-
     if args.threads is not None and args.threads < 1:
         raise ValidationError("--threads", f"must be >= 1, got {args.threads}")
     if args.device:
+        import torch  # only here: the other checks answer before torch is imported
+
         try:
             kind = torch.device(args.device).type
         except (RuntimeError, ValueError):
@@ -183,11 +183,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Request fields whose command-line option has another name (the inverse of request_kwargs' renames).
+FIELD_DESTS = {"diffusion_steps": "steps", "deadline_s": "deadline", "use_draft": "no_draft"}
+
+
+def option_name(args: argparse.Namespace, param: str) -> str:
+    """The option a ValidationError's parameter stands for on this command (`top_p` → `--top-p`), so the message
+    names what the user typed; the parameter itself where the command has no such option."""
+    dest = FIELD_DESTS.get(param, param)
+    parser = getattr(args, "_parser", None)
+    for action in parser._actions if parser and not param.startswith("-") else ():
+        if action.dest == dest and action.option_strings:
+            return max(action.option_strings, key=len)
+    return param
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.func(args)
+    except ValidationError as exc:
+        print(f"error: {option_name(args, exc.param)}: {exc.message}", file=sys.stderr)
+        return 2
     except DFlashError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -11,7 +11,7 @@ class ValidationError(DFlashError, ValueError):
     """A request or config value is out of range. `param` names the field, the message states the bound."""
 
     def __init__(self, param: str, message: str):
-        self.param = param
+        self.param, self.message = param, message
         super().__init__(f"{param}: {message}")
 
 

@@ -20,12 +20,13 @@ import argparse
 import json
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from dflash.draft import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, load_draft
 from dflash.errors import ModelLoadError, ValidationError
 from dflash.registry import DEFAULT_DRAFT_DIR
+
+if TYPE_CHECKING:  # torch and dflash.draft load where used: building the CLI's parser must not import torch
+    import torch
 
 TARGETS = ("vllm", "sglang", "full-head")
 OUR_CONFIG_KEYS = ("dflash_training",)  # written by our trainer; no server reads them
@@ -41,7 +42,7 @@ def add_parser(sub) -> None:
                         "drafts over the target's full LM head")
     e.add_argument("--target", help="the target's Hugging Face directory (safetensors): its LM head, for --for vllm")
     e.add_argument("--out", required=True, help="new directory to write (must not exist, or be empty)")
-    e.set_defaults(func=cmd_export)
+    e.set_defaults(func=cmd_export, _parser=e)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -84,6 +85,8 @@ def _read_draft(draft: Path) -> tuple[dict, torch.Tensor | None, int]:
     """(config.json as written, draft vocabulary ids or None, block size), after checking the draft loads."""
     if not draft.is_dir():
         raise ValidationError("--draft", f"{draft} is not a directory")
+    from dflash.draft import CONFIG_NAME, load_draft
+
     try:
         model, vocab = load_draft(draft)  # strict: a directory that is not our layout is refused here
         config = json.loads((draft / CONFIG_NAME).read_text())
@@ -134,9 +137,12 @@ def _check_out(out: Path) -> None:
 
 def _write(draft: Path, out: Path, config: dict, vocab: torch.Tensor | None, head: torch.Tensor | None) -> None:
     """config.json and model.safetensors: the same weights, plus the LM-head rows and d2t in the mapped form."""
+    from dflash.draft import CONFIG_NAME, WEIGHTS_NAME
+
     if vocab is None:
         shutil.copyfile(draft / WEIGHTS_NAME, out / WEIGHTS_NAME)  # the same weights, byte for byte
     else:
+        import torch
         from safetensors.torch import load_file, save_file
 
         state = load_file(str(draft / WEIGHTS_NAME))
@@ -146,6 +152,8 @@ def _write(draft: Path, out: Path, config: dict, vocab: torch.Tensor | None, hea
 
 
 def _readme(config: dict, server: str, mapped: bool, draft: Path, block: int) -> str:
+    from dflash.draft import VOCAB_NAME
+
     head = (f"It keeps the draft vocabulary ({config.get('draft_vocab_size')} target tokens) in vLLM's form "
             "(`draft_vocab_size`, `lm_head.weight`, `d2t`), so vLLM drafts as this project's engine does."
             if mapped else

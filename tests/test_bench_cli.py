@@ -47,11 +47,13 @@ def bench(d: Path, out: Path, *extra: str, timeout: float = 240) -> subprocess.C
 
 
 def assert_option_error(proc: subprocess.CompletedProcess, *words: str) -> str:
-    """Exit status 2 and one `error:` line, the last one, holding every word; no traceback. Returns the line."""
+    """Exit status 2 and one `error:` line, the last one, naming the option words[0] as the user typed it and holding
+    every other word; no traceback. Returns the line."""
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]  # besides transformers' load progress
     assert len(errors) == 1 and proc.stderr.rstrip().endswith(errors[0]), proc.stderr
+    assert errors[0].startswith(f"error: {words[0]}: "), errors[0]
     assert all(w in errors[0] for w in words), errors[0]
     return errors[0]
 
@@ -73,7 +75,7 @@ def test_lookup_ngram_without_dflash_lookup_is_refused(models, tmp_path):
     out = tmp_path / "r.json"
     assert_option_error(bench(models, out, "--methods", "ar,dflash", "--lookup-ngram", "3"), "--lookup-ngram",
                         "dflash-lookup")
-    assert_option_error(bench(models, out, "--methods", "ar,dflash-lookup", "--lookup-ngram", "0"), "lookup_ngram",
+    assert_option_error(bench(models, out, "--methods", "ar,dflash-lookup", "--lookup-ngram", "0"), "--lookup-ngram",
                         "[1, 8]")
     assert not out.exists()
 
@@ -117,7 +119,7 @@ def interrupted(measured: dict, path: Path, edit=None) -> dict:
 def test_resume_refuses_other_conditions_naming_them(models, measured, tmp_path, edit, extra, named):
     out = tmp_path / "r.json"
     before = interrupted(measured, out, edit)
-    line = assert_option_error(bench(models, out, "--methods", "ar", "--resume", *extra), "resume", *named)
+    line = assert_option_error(bench(models, out, "--methods", "ar", "--resume", *extra), "--resume", *named)
     assert "--overwrite" in line and json.loads(out.read_text()) == before  # the file left alone
 
 
@@ -155,12 +157,12 @@ def test_a_markdown_path_in_a_missing_folder_is_refused_before_anything_runs(mod
     command."""
     out = tmp_path / "r.json"
     assert_option_error(bench(models, out, "--methods", "ar", "--markdown", str(tmp_path / "missing" / "x.md")),
-                        "markdown", "does not exist")
-    assert_option_error(bench(models, out, "--methods", "ar", "--markdown", str(out)), "markdown", "--output")
+                        "--markdown", "does not exist")
+    assert_option_error(bench(models, out, "--methods", "ar", "--markdown", str(out)), "--markdown", "--output")
     assert not out.exists()
     table = tmp_path / "table.md"
     table.write_text("kept")  # an existing table is replaced only when asked, as the JSON is
-    assert_option_error(bench(models, out, "--methods", "ar", "--markdown", str(table)), "markdown", "--overwrite")
+    assert_option_error(bench(models, out, "--methods", "ar", "--markdown", str(table)), "--markdown", "--overwrite")
     assert table.read_text() == "kept" and not out.exists()
 
 
@@ -175,7 +177,7 @@ def test_every_prompt_is_checked_before_the_first_is_measured(models, tmp_path, 
     written: before, prompt 0 was measured first and the error named no line (or was a JSONDecodeError traceback)."""
     prompts, out = tmp_path / "p.jsonl", tmp_path / "r.json"
     prompts.write_text(json.dumps({"prompt_ids": PROMPTS[0]}) + "\n\n" + bad_row + "\n")
-    assert_option_error(bench(models, out, "--prompts", str(prompts), "--methods", "ar,dflash"), "prompts", *words)
+    assert_option_error(bench(models, out, "--prompts", str(prompts), "--methods", "ar,dflash"), "--prompts", *words)
     assert not out.exists()
 
 
@@ -185,15 +187,15 @@ def test_random_draft_out_of_range_is_refused_before_any_model_loads(models, tmp
     """A target that does not exist: the refusal comes before the load. 0 used to be ignored (the trained draft ran
     while the command said --random-draft 0); -1 and 9 were refused only after the target had loaded."""
     proc = bench(models, tmp_path / "r.json", "--target", str(tmp_path / "no-such-target"), "--random-draft", layers)
-    assert_option_error(proc, "random_draft", "[1, 8]")
+    assert_option_error(proc, "--random-draft", "[1, 8]")
 
 
 def test_random_draft_replaces_the_draft(models, tmp_path):
     """--random-draft runs in place of the draft; with --draft or --no-draft too, one of them would be ignored, so the
     pair is refused before any model loads."""
     out = tmp_path / "r.json"
-    assert_option_error(bench(models, out, "--random-draft", "1"), "random_draft", "--draft")
-    assert_option_error(bench(models, out, "--random-draft", "1", "--no-draft"), "random_draft", "--no-draft")
+    assert_option_error(bench(models, out, "--random-draft", "1"), "--random-draft", "--draft")
+    assert_option_error(bench(models, out, "--random-draft", "1", "--no-draft"), "--random-draft", "--no-draft")
     args = ["--target", str(models / "target"), "--prompts", str(models / "prompts.jsonl"), "--max-new-tokens", "4",
             "--no-warmup", "--no-progress", "--threads", "1", "--output", str(out), "--methods", "ar,dflash",
             "--random-draft", "1", "--limit", "1"]

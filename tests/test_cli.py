@@ -51,7 +51,36 @@ def assert_option_error(proc: subprocess.CompletedProcess, option: str) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]  # besides transformers' load progress
-    assert len(errors) == 1 and option in errors[0] and proc.stderr.rstrip().endswith(errors[0]), proc.stderr
+    assert len(errors) == 1 and errors[0].startswith(f"error: {option}") and proc.stderr.rstrip().endswith(errors[0]), \
+        proc.stderr
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--help"], None),
+    (["generate", "--prompt", "hi", "--threads", "0"], "--threads"),
+    (["generate", "--prompt", "hi", "--temperature", "-1"], "--temperature"),  # a Request field: named by its option
+    (["generate", "--prompt", "hi", "--steps", "0"], "--steps"),  # … also where the field (diffusion_steps) differs
+    (["bench", "--methods", "ar", "--limit", "0"], "--limit"),
+    (["bench", "--methods", "ar,beam"], "--methods"),
+    (["bench", "--methods", "ar", "--lookup-ngram", "2"], "--lookup-ngram"),
+    (["train", "data", "--out", "x", "--batch-size", "0"], "--batch-size"),
+    (["train", "data-tf", "--out", "x", "--layers", "1,a"], "--layers"),
+    (["train", "fit", "--data", "missing", "--out", "x"], "--data"),
+    (["train", "eval", "--steps", "0"], "--steps"),
+    (["draft", "export", "--for", "vllm", "--out", "x", "--draft", "missing"], "--draft"),
+])
+def test_option_errors_answer_before_torch_is_imported(tmp_path, argv, option):
+    """A bad option is named at once (before, every command imported torch to build its parser: ~3 s, even for --help):
+    run with a `torch` that cannot be imported, the command still answers with its one line."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('torch was imported')\n")
+    env = {**ENV, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "dflash", *argv], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+    if option is None:
+        assert proc.returncode == 0 and "generate" in proc.stdout, proc.stderr
+    else:
+        assert_option_error(proc, option + ":")
 
 
 @pytest.mark.parametrize("args,option", [
@@ -167,7 +196,7 @@ def test_lookup_ngram_copies_from_the_context_without_changing_the_output(models
     assert out["output_ids"] == json.loads(plain.stdout)["output_ids"]
     sources = [e["source"] for e in map(json.loads, trace.read_text().splitlines()) if e["type"] == "Verify"]
     assert out["stats"]["copy_blocks"] == sources.count("copy") > 0
-    assert_option_error(generate(*base, "--lookup-ngram", "9"), "lookup_ngram")
+    assert_option_error(generate(*base, "--lookup-ngram", "9"), "--lookup-ngram")
 
 
 def test_prompt_and_prompt_ids_together_or_neither_is_an_option_error(models):

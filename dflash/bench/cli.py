@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dflash.bench.config import DRAFT_METHODS, BenchConfig
 from dflash.cli import add_engine_args, add_model_args, engine_from_args, request_kwargs
 from dflash.errors import ValidationError
 
 if TYPE_CHECKING:  # for annotations only: imported where used, so that parsing the command line loads no torch
-    from dflash.bench.runner import BenchConfig
     from dflash.engine import Engine
 
 DEFAULT_METHODS = "ar,dflash,dflash-lookup,hf-generate,hf-prompt-lookup"
@@ -131,14 +131,14 @@ def _result_paths(args) -> tuple[Path, Path]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from dflash.bench.resume import resume
-    from dflash.bench.runner import DRAFT_METHODS, check_methods, prepare_prompts, validate_prompts, warm_up
-
-    cfg = _bench_config(args)
+    cfg = _bench_config(args)  # every option error that needs no model, before torch is imported
     json_path, md_path = _result_paths(args)
     needs = [m for m in cfg.methods if m in DRAFT_METHODS]
     if needs and args.no_draft:
         raise ValidationError("methods", f"--no-draft loads no draft: leave {', '.join(needs)} out of --methods")
+    from dflash.bench.resume import resume
+    from dflash.bench.runner import check_methods, prepare_prompts, validate_prompts, warm_up
+
     engine, info = _bench_engine(args)
     check_methods(engine, cfg)
     items = prepare_prompts(engine, args.prompts, args.limit)
@@ -156,8 +156,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _bench_config(args: argparse.Namespace) -> BenchConfig:
-    from dflash.bench.runner import BenchConfig
-
     if args.limit is not None and args.limit < 1:
         raise ValidationError("limit", f"must be >= 1, got {args.limit}")
     check_random_draft(args.random_draft)

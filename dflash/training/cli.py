@@ -16,16 +16,18 @@ def _config(cls, args: argparse.Namespace):
 
 
 def cmd_data(args: argparse.Namespace) -> int:
+    cfg = _config(DataConfig, args)  # before torch is imported: a bad option is named at once
     from dflash.training.data import run_data
 
-    run_data(_config(DataConfig, args))
+    run_data(cfg)
     return 0
 
 
 def cmd_data_tf(args: argparse.Namespace) -> int:
+    cfg = _config(TeacherForcedConfig, args)
     from dflash.training.data import run_teacher_forced
 
-    run_teacher_forced(_config(TeacherForcedConfig, args))
+    run_teacher_forced(cfg)
     return 0
 
 
@@ -44,7 +46,7 @@ def add_parser(sub) -> None:
     d.add_argument("--temperature", type=float, default=0.7)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--threads", type=int)
-    d.set_defaults(func=cmd_data)
+    d.set_defaults(func=cmd_data, _parser=d)
     t = stages.add_parser("data-tf", help="cheap extra data: teacher-forced target pass over ShareGPT's recorded replies")
     t.add_argument("--target", default=SMOLLM2_GGUF)
     t.add_argument("--out", required=True)
@@ -58,7 +60,7 @@ def add_parser(sub) -> None:
     t.add_argument("--threads", type=int)
     t.add_argument("--turns", choices=("first", "later", "all"), default="first",
                    help="which replies: each conversation's first, the later ones (earlier turns as history), or all")
-    t.set_defaults(func=cmd_data_tf)
+    t.set_defaults(func=cmd_data_tf, _parser=t)
     from dflash.training.fit_cli import add_stages  # fit/eval: their own module (the trainer's options)
 
     add_stages(stages)

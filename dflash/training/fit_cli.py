@@ -9,19 +9,21 @@ from dataclasses import fields
 from pathlib import Path
 
 from dflash.errors import ValidationError
-from dflash.training.fit import FitConfig
+from dflash.training.fit_config import FitConfig, read_data_meta
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from dflash.training.fit import Trainer
-
     kw = {f.name: getattr(args, f.name) for f in fields(FitConfig) if hasattr(args, f.name) and getattr(args, f.name) is not None}
     if args.layer_ids:
         try:
             kw["target_layer_ids"] = [int(x) for x in args.layer_ids.split(",")]
         except ValueError:
             raise ValidationError("--layer-ids", f"must be comma-separated integers, got {args.layer_ids!r}") from None
-    Trainer(FitConfig(**kw)).fit()  # FitConfig and the Trainer check the options before the target loads
+    cfg = FitConfig(**kw)  # checks the options before torch is imported; the Trainer checks them against the data
+    read_data_meta(cfg.data)  # a missing data directory, too
+    from dflash.training.fit import Trainer
+
+    Trainer(cfg).fit()
     return 0
 
 
@@ -36,25 +38,22 @@ def eval_prompts(args: argparse.Namespace) -> list:
         raise ValidationError("--limit", f"must be >= 1, got {args.limit}")
     if args.output and not Path(args.output).resolve().parent.is_dir():  # not after the whole evaluation
         raise ValidationError("--output", f"directory {str(Path(args.output).parent)!r} does not exist")
-    try:
-        Request(prompt_ids=(0,), max_new_tokens=args.max_new_tokens, block_size=args.block_size,
-                diffusion_steps=args.steps, temperature=args.temperature, seed=args.seed)
-        return load_prompts(args.prompts, args.limit)
-    except ValidationError as exc:  # named by the request field: name the option instead
-        name = {"diffusion_steps": "--steps"}.get(exc.param, "--" + exc.param.replace("_", "-"))
-        raise ValidationError(name, str(exc)[len(exc.param) + 2:]) from None
+    # A request field's error names the field; the CLI prints the option it stands for (dflash.cli.option_name).
+    Request(prompt_ids=(0,), max_new_tokens=args.max_new_tokens, block_size=args.block_size,
+            diffusion_steps=args.steps, temperature=args.temperature, seed=args.seed)
+    return load_prompts(args.prompts, args.limit)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """τ and acceptance histogram with the real loop, greedy, and speed vs the no-draft run (same process,
     interleaved per prompt)."""
+    prompts = eval_prompts(args)  # before torch is imported
     from tqdm import tqdm
 
     from dflash.bench.machine import machine_info
     from dflash.load import load_engine
     from dflash.training.evaluate import evaluate_draft
 
-    prompts = eval_prompts(args)
     # float32: the exact mode, so "identical" counts outputs equal to the no-draft loop's token for token.
     engine, info = load_engine(args.preset, draft=args.draft, dtype="float32", threads=args.threads)
     bar = tqdm(total=len(prompts), desc=f"eval {args.prompts}", disable=args.quiet)
@@ -81,7 +80,7 @@ def add_stages(stages) -> None:
             continue
         f.add_argument("--" + fld.name.replace("_", "-"), type=type(fld.default), dest=fld.name)
     f.add_argument("--layer-ids", help="target layers to fuse, comma-separated (default: the z-lab rule)")
-    f.set_defaults(func=cmd_fit)
+    f.set_defaults(func=cmd_fit, _parser=f)
     e = stages.add_parser("eval", help="tau / histogram / speed vs no-draft with the real loop")
     e.add_argument("--preset", default="default")
     e.add_argument("--draft", help="draft directory (default: the preset's)")
@@ -96,4 +95,4 @@ def add_stages(stages) -> None:
     e.add_argument("--no-baseline", action="store_true")
     e.add_argument("--quiet", action="store_true")
     e.add_argument("--output")
-    e.set_defaults(func=cmd_eval)
+    e.set_defaults(func=cmd_eval, _parser=e)

@@ -1,0 +1,86 @@
+"""`train fit`'s options: `FitConfig`, checked when built, and the data directories' meta.json — no torch, so a
+bad option is named before anything heavy is imported (`python -m dflash train fit --lr 0` answers at once)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dflash.errors import ValidationError
+
+
+@dataclass
+class FitConfig:
+    data: str
+    out: str
+    layers: int = 1
+    target_layer_ids: list[int] = field(default_factory=list)  # default: the z-lab rule for `layers`
+    block_size: int = 8
+    gamma: float = 0.0  # 0: the paper's value for the block size
+    steps: int = 2000
+    seqs_per_step: int = 8
+    anchors_per_seq: int = 16
+    lr: float = 6e-4
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    partial_prob: float = 0.0
+    kl_weight: float = 0.0
+    draft_vocab: int = 8192  # 0: the full target vocabulary
+    mask_token_id: int = 16
+    intermediate_size: int = 0  # 0: the target's
+    seed: int = 0
+    ckpt_every: int = 250
+    eval_every: int = 250
+    holdout_shards: int = 1
+    data_fraction: float = 1.0  # train on the first fraction of the training sequences (data-size ablation)
+    threads: int = 0
+    init_from: str = ""  # a draft directory to warm-start from (weights and draft vocabulary)
+    residual_init: str = "normal"  # "zero": o_proj/down_proj start at 0 (step 0 output = the normed block embedding)
+    onpolicy_blocks: int = 1  # 1: supervise a teacher-forced block only along the target's own path (objective.py)
+    stop_at: int = 0  # stop after this step (checkpoint saved; the schedule is still that of `steps`); 0: at `steps`
+    snapshot_base: int = 250  # keep a copy of the draft at steps base·2^k (log-spaced points of the τ curve); 0: off
+
+    def __post_init__(self) -> None:
+        """Bad values raise ValidationError naming the `train fit` option (one line from the CLI)."""
+        if self.residual_init not in ("zero", "normal"):
+            raise ValidationError("--residual-init", f"must be zero or normal, got {self.residual_init!r}")
+        if self.onpolicy_blocks not in (0, 1):
+            raise ValidationError("--onpolicy-blocks", f"must be 0 or 1, got {self.onpolicy_blocks}")
+        for name, lo in (("layers", 1), ("block_size", 2), ("steps", 1), ("seqs_per_step", 1), ("anchors_per_seq", 1),
+                         ("ckpt_every", 1), ("eval_every", 1), ("draft_vocab", 0), ("mask_token_id", 0),
+                         ("intermediate_size", 0), ("seed", 0), ("holdout_shards", 0), ("threads", 0), ("stop_at", 0),
+                         ("snapshot_base", 0)):
+            if getattr(self, name) < lo:
+                raise ValidationError(option(name), f"must be >= {lo}, got {getattr(self, name)}")
+        for name, lo, hi in (("gamma", 0.0, None), ("lr", None, None), ("weight_decay", 0.0, None), ("clip", None, None),
+                             ("kl_weight", 0.0, None), ("partial_prob", 0.0, 1.0), ("data_fraction", None, 1.0)):
+            _check_float(name, getattr(self, name), lo, hi)
+        ids = self.target_layer_ids
+        if min(ids, default=0) < 0 or len(set(ids)) != len(ids):
+            raise ValidationError("--layer-ids", f"must be distinct layer indices >= 0, got {','.join(map(str, ids))}")
+
+
+def _check_float(name: str, value: float, lo: float | None, hi: float | None) -> None:
+    """lo None: must be > 0; else >= lo. hi None: no upper bound."""
+    ok = math.isfinite(value) and (value > 0 if lo is None else value >= lo) and (hi is None or value <= hi)
+    if not ok:
+        bound = ("> 0" if lo is None else f">= {lo}") + ("" if hi is None else f" and <= {hi}")
+        raise ValidationError(option(name), f"must be {bound}, got {value}")
+
+
+def option(name: str) -> str:
+    """The `train fit` option of a FitConfig field."""
+    return "--layer-ids" if name == "target_layer_ids" else "--" + name.replace("_", "-")
+
+
+def read_data_meta(data: str) -> list[dict]:
+    """meta.json of every comma-separated data directory, read before the target loads."""
+    metas = []
+    for d in data.split(","):
+        path = Path(d) / "meta.json"
+        if not path.is_file():
+            raise ValidationError("--data", f"{d} has no meta.json: give directories made by `train data` or `train data-tf`")
+        metas.append(json.loads(path.read_text()))
+    return metas
