@@ -8,6 +8,7 @@ import json
 import re
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -200,13 +201,23 @@ def wait_for(condition, timeout_s: float = 300.0) -> None:
         time.sleep(0.05)
 
 
-def test_stop_reaches_a_request_waiting_in_the_queue(paced_app):
+@contextmanager
+def queued_behind_a_run(paced_app):
+    """A long run of the app's client, and a second session whose short Generate waits in the queue behind it:
+    yields (the running job, the second client, its waiting job)."""
     running = paced_app.client.submit(*args(max_new_tokens=400), api_name="/generate")
     wait_for(lambda: len(running.outputs()) >= 2)
     other = Client(paced_app.url, verbose=False)
     try:
         waiting = other.submit(*args(max_new_tokens=8), api_name="/generate")
         wait_for(lambda: waiting.status().code == Status.IN_QUEUE)
+        yield running, other, waiting
+    finally:
+        other.close()
+
+
+def test_stop_reaches_a_request_waiting_in_the_queue(paced_app):
+    with queued_behind_a_run(paced_app) as (running, other, waiting):
         assert not running.done()
         assert other.predict(api_name="/stop") == STOPPED_IN_QUEUE  # shown at once, not when its turn comes
         paced_app.client.predict(api_name="/stop")
@@ -219,8 +230,18 @@ def test_stop_reaches_a_request_waiting_in_the_queue(paced_app):
         assert unchanged(other.predict(api_name="/stop"))  # "Nothing is running." is not shown: it could hide a result
         again = named(other.predict(*args(max_new_tokens=4), api_name="/generate"))
         assert "Finished (length)" in again["status"]
-    finally:
-        other.close()
+
+
+def test_a_request_cancelled_in_the_queue_is_not_stopped_in_place_of_the_next(paced_app):
+    """A client may cancel its request while it waits (gradio_client's Job.cancel): it never starts, so a later
+    Stop must not count it as waiting (before, that Stop dropped the session's next Generate instead)."""
+    with queued_behind_a_run(paced_app) as (running, other, waiting):
+        assert waiting.cancel()
+        paced_app.client.predict(api_name="/stop")
+        assert "stopped by the user" in named(running.result(timeout=300))["status"]
+        assert unchanged(other.predict(api_name="/stop"))  # nothing of this session waits or runs
+        again = named(other.predict(*args(max_new_tokens=4), api_name="/generate"))
+        assert "Finished (length)" in again["status"]
 
 
 def test_a_refused_request_leaves_nothing_for_stop(app):
@@ -388,6 +409,29 @@ def test_one_generation_at_a_time(app):
             assert "Finished (length)" in named(j.result(timeout=600))["status"]
     finally:
         other.close()
+
+
+def test_each_session_numbers_its_own_runs_and_keeps_a_bounded_history(app):
+    """Two sessions at once: run numbers count the session's own runs (before, one counter for the server: a
+    visitor's first run could be "Run 37"), and the history keeps the session's latest `history_rows` runs (it is
+    sent back and written to a new history CSV at every run: unbounded, a scripted session grew both without end)."""
+    demo = build_demo({"default": app.engine}, settings=Settings(history_rows=2))
+    _, url, _ = demo.launch(**launch_kwargs(server_port=None, prevent_thread_lock=True, quiet=True))
+    a, b = Client(url, verbose=False), Client(url, verbose=False)
+    try:
+        first = named(a.predict(*args(max_new_tokens=2), api_name="/generate"))
+        for _ in range(3):  # numbered 1, 2, 3 although session a ran first
+            last = named(b.predict(*args(max_new_tokens=2), api_name="/generate"))
+        runs = HISTORY_COLUMNS.index("run")
+        assert [r[runs] for r in first["history_table"]["data"]] == [1]
+        assert [r[runs] for r in last["history_table"]["data"]] == [2, 3]
+        assert Path(last["export_trace"]).name == "dflash-run3-trace.json"
+        rows = Path(last["export_history"]).read_text(encoding="utf-8").splitlines()
+        assert len(rows) == 3 and [r.split(",")[runs] for r in rows[1:]] == ["2", "3"]
+    finally:
+        a.close()
+        b.close()
+        demo.close()
 
 
 # -- handlers without HTTP -----------------------------------------------------------------------------------------

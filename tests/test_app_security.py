@@ -41,6 +41,7 @@ def test_launch_settings(monkeypatch):
     kw = launch_kwargs()
     assert kw["server_name"] == "127.0.0.1" and kw["server_port"] == 7860
     assert kw["share"] is False and kw["allowed_paths"] == [] and kw["show_error"] is False
+    assert kw["state_session_capacity"] == 1000  # bounds the memory kept for API sessions, which never close
     monkeypatch.setenv("GRADIO_SERVER_PORT", "7999")
     assert launch_kwargs()["server_port"] == 7999
     monkeypatch.setenv("GRADIO_SERVER_NAME", "0.0.0.0")  # what HF Spaces sets

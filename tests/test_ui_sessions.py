@@ -9,16 +9,32 @@ from dflash.errors import BusyError
 from ui.sessions import GENERATION, REPLAY, SessionRuns, Stopped
 
 
+class Ticket:
+    """Stands for the HTTP request that queued a Generate (any object that can be weakly referenced)."""
+
+
 def test_stop_reaches_the_requests_waiting_then_and_no_later_one():
     runs = SessionRuns()
-    runs.admit("s")
-    runs.admit("s")
-    runs.admit("other")
+    a, b, c, other = Ticket(), Ticket(), Ticket(), Ticket()
+    runs.admit("s", a)
+    runs.admit("s", b)
+    runs.admit("other", other)
     assert runs.stop("s") == Stopped(running=False, queued=2)
-    runs.admit("s")  # pressed Generate again after Stop
-    assert [runs.take_admission("s") for _ in range(3)] == [False, False, True]  # first in, first out
-    assert runs.take_admission("other")
+    runs.admit("s", c)  # pressed Generate again after Stop
+    assert [runs.take_admission("s", t) for t in (a, c, b)] == [False, True, False]
+    assert runs.take_admission("other", other)
     assert runs.stop("s") == Stopped(running=False, queued=0)
+
+
+def test_a_cancelled_request_is_forgotten_with_its_ticket():
+    """A request cancelled while it waits never starts: Stop neither counts it nor marks a later request for it."""
+    runs = SessionRuns()
+    cancelled, later = Ticket(), Ticket()
+    runs.admit("s", cancelled)
+    del cancelled  # Gradio dropped the request
+    assert runs.stop("s") == Stopped(running=False, queued=0)
+    runs.admit("s", later)
+    assert runs.take_admission("s", later)
 
 
 def test_a_handler_called_without_the_queue_runs():
@@ -49,10 +65,11 @@ def test_a_replay_is_refused_while_a_generation_runs_and_a_generation_stops_a_re
     assert newer.is_set() and not generation.is_set()  # a generation stops the running replay
 
 
-def test_forget_stops_the_run_and_drops_the_counts():
+def test_forget_stops_the_run_and_its_queued_requests():
     runs = SessionRuns()
     flag = runs.begin("s", GENERATION)
-    runs.admit("s")
+    queued, later = Ticket(), Ticket()
+    runs.admit("s", queued)
     runs.forget("s")
-    assert flag.is_set()
-    assert runs.take_admission("s")  # nothing was left marked for a later request
+    assert flag.is_set() and not runs.take_admission("s", queued)
+    assert runs.take_admission("s", later)  # nothing was left marked for a later request

@@ -59,6 +59,18 @@ def history_row(run_id: int, source: str, preset: Any, events: list) -> dict[str
             "finish": fin.reason if fin else "", "baseline tok/s": "", "speedup": "", "identical": ""}
 
 
+def next_run_id(history: list | None) -> int:
+    """The session's next run number: its runs are numbered on their own, whatever other sessions run."""
+    return max((r["run"] for r in history or [] if isinstance(r.get("run"), int)), default=0) + 1
+
+
+def with_row(history: list | None, row: dict[str, Any], limit: int) -> list:
+    """A copy of the history with `row` added, keeping the latest `limit` rows: the whole history is sent back and
+    written to a new CSV at every run, so an unbounded one would make each run of a long session cost more (memory,
+    traffic, the export folder's disk) without end."""
+    return (list(history or []) + [row])[-limit:]
+
+
 def with_comparison(history: list | None, run_id: int, comp: dict, events: list | None = None) -> list:
     """A copy of the history with the compared run's row completed (baseline speed, speedup, identical); `events`:
     the run now shown in its place (the timed repeat), whose row replaces the old one's statistics first."""

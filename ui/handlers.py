@@ -29,7 +29,7 @@ from dflash.request import Request
 from dflash.zerogpu import zero_gpu
 from ui import gpu, plots, render, torch_thread
 from ui.engines import EngineProvider, wait_until_free
-from ui.exports import history_row, history_table, with_comparison, write_exports
+from ui.exports import history_row, history_table, next_run_id, with_comparison, with_row, write_exports
 from ui.live import FrameThrottle, RunLook, dtype_of, final_status, hardware, live_status
 from ui.render_inspector import inspector_html
 from ui.render_stats import comparison, compared_status, stats_html
@@ -58,6 +58,7 @@ class Settings:
     frame_share: float = 0.1  # drawing a live run's frames takes at most about this share of its time (FrameThrottle)
     play_delay_s: float = 0.3  # replay animation, per frame
     export_max_age_s: float = 3600.0
+    history_rows: int = 100  # per session: the latest runs it keeps (and sends back and exports at every run)
 
     def __post_init__(self):
         negative = [f.name for f in dataclasses.fields(self) if getattr(self, f.name) < 0]
@@ -65,6 +66,8 @@ class Settings:
             raise ValueError(f"{negative[0]} must not be negative, got {getattr(self, negative[0])}")
         if not 0.0 < self.frame_share <= 1.0:
             raise ValueError(f"frame_share must be in (0, 1], got {self.frame_share}")
+        if self.history_rows < 1:
+            raise ValueError(f"history_rows must be at least 1, got {self.history_rows}")
 
 
 def defaults(block_size: int = 16) -> dict[str, Any]:
@@ -123,8 +126,6 @@ class Playground:
         root = Path(export_root or Path(tempfile.gettempdir()) / "gradio") / "dflash-exports"
         root.mkdir(parents=True, exist_ok=True)
         self.export_root = root
-        self._run_counter = 0
-        self._counter_lock = threading.Lock()
 
     # -- stop --------------------------------------------------------------------------------------------------
     def stop(self, session: str) -> str:
@@ -169,8 +170,10 @@ class Playground:
         return torch_thread.Steps(engine.stream(request, cancel, blocking=False))  # steps on the torch thread
 
     # -- generate ----------------------------------------------------------------------------------------------
-    def generate(self, values: dict[str, Any], history: list | None, session: str) -> Iterator[dict[str, Any]]:
-        if not self.runs.take_admission(session):
+    def generate(self, values: dict[str, Any], history: list | None, session: str,
+                 ticket: Any = None) -> Iterator[dict[str, Any]]:
+        """A run of the controls' `values`, streamed; `ticket` names the queued request for Stop (ui/sessions.py)."""
+        if not self.runs.take_admission(session, ticket):
             yield {"status": STOPPED_IN_QUEUE}
             return
         preset = values.get("preset")
@@ -200,11 +203,11 @@ class Playground:
     def _finished_run(self, events: list, request: Request, preset: str, model: str, look: RunLook,
                       history: list | None) -> dict[str, Any]:
         """A run's last update: its final views (step mode: its first frame), its trace, history row and exports."""
-        run_id = self._next_run()
+        run_id = next_run_id(history)
         meta = {"title": f"Run {run_id}: {request.prompt[:60]}", "model": model, "hardware": look.hw,
                 "recorded": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "source": "run"}
         trace = Trace(events, meta)
-        history = list(history or []) + [history_row(run_id, "run", preset, events)]
+        history = with_row(history, history_row(run_id, "run", preset, events), self.settings.history_rows)
         n_frames = len(frames(events))
         frame = 0 if look.step_mode else n_frames - 1
         status = final_status(events)
@@ -215,18 +218,14 @@ class Playground:
                 **_cursor(n_frames, frame, frame_label(events, frame), events), **_history_views(history),
                 **self.exports(trace, history, run_id)}
 
-    def _next_run(self) -> int:
-        with self._counter_lock:
-            self._run_counter += 1
-            return self._run_counter
-
     # -- compare -----------------------------------------------------------------------------------------------
-    def compare(self, state: dict | None, history: list | None, show_rejected: bool, session: str) -> Iterator[dict[str, Any]]:
+    def compare(self, state: dict | None, history: list | None, show_rejected: bool, session: str,
+                ticket: Any = None) -> Iterator[dict[str, Any]]:
         """Time the session's run again and then its request without the draft, back to back and drawn alike (status
         and throughput chart only): a live run's own rate also pays for drawing every frame of the page, which the
         lighter baseline would not, so the speedup is the ratio of these two. On ZeroGPU a run is recorded whole in
         the GPU worker, away from the page, so its own timing is fair and only the baseline runs (GPU quota)."""
-        if not self.runs.take_admission(session):
+        if not self.runs.take_admission(session, ticket):
             yield {"status": STOPPED_IN_QUEUE}
             return
         trace = _finished_session_run(state)

@@ -30,6 +30,7 @@ __all__ = ["CSS_PATH", "OUT_KEYS", "QUEUE_SIZE", "build_demo", "launch_kwargs"] 
 
 CSS_PATH = ASSETS / "playground.css"
 QUEUE_SIZE = 16
+STATE_SESSIONS = 1000  # the oldest session's state is dropped beyond this (see launch_kwargs)
 NARROWEST = 320  # px: a chart or the statistics narrower than this wraps onto its own line (titles, legends and
 # the comparison's verdict stay readable on a phone)
 
@@ -217,6 +218,9 @@ def launch_kwargs(**overrides: Any) -> dict[str, Any]:
         "css_paths": [CSS_PATH],
         "theme": gr.themes.Soft(),
         "footer_links": ["api", "gradio"],
+        # Sessions whose state (a run's trace: ~1 MB per 500 tokens, more after Compare) stays in memory. API clients
+        # never close their sessions, so only this bound frees them; Gradio's default, 10,000, could hold ~10 GB.
+        "state_session_capacity": STATE_SESSIONS,
     }
     kw.update(overrides)
     return kw

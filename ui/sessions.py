@@ -4,13 +4,16 @@ generation or a replay), and the generations it has waiting in the server's queu
 Generate and Compare run one at a time on the server, so a request can wait in Gradio's queue for minutes.
 `admit` is called when such a request enters the queue (the event's validator, which Gradio runs at enqueue
 time) and `take_admission` when its handler starts. Stop in between marks the session's waiting requests, and
-each of them then ends at its start without running. The queue is first in, first out, so a session's waiting
-requests start in the order they were admitted and a count per session tells which ones Stop reached.
+each of them then ends at its start without running. A request is known by its ticket, the HTTP request that
+queued it (the validator and the handler see the same object): a count would go wrong when a client cancels a
+waiting request, which then never starts, and Stop would count it and drop the session's next request instead.
+Tickets are held weakly, so a cancelled request's is forgotten with it.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,21 +33,31 @@ class SessionRuns:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._active: dict[str, tuple[threading.Event, str]] = {}  # session → (Stop flag, GENERATION | REPLAY)
-        self._waiting: dict[str, int] = {}  # session → requests admitted to the queue and not started yet
-        self._stopped: dict[str, int] = {}  # session → how many of the oldest waiting ones Stop reached
+        self._waiting: dict[str, weakref.WeakSet] = {}  # session → tickets admitted to the queue, not started yet
+        self._stopped: weakref.WeakSet = weakref.WeakSet()  # the waiting tickets that Stop reached
         self._looks: dict[threading.Event, Any] = {}  # a running generation's Stop flag → how it is shown (RunLook)
 
-    def admit(self, session: str) -> None:
-        """A Generate or Compare request of `session` entered the queue."""
+    def admit(self, session: str, ticket: Any) -> None:
+        """A Generate or Compare request of `session` entered the queue; `ticket` names it (see the docstring)."""
+        if ticket is None:  # no HTTP request to know it by: it is not tracked and runs (take_admission)
+            return
         with self._lock:
-            self._waiting[session] = self._waiting.get(session, 0) + 1
+            self._waiting.setdefault(session, weakref.WeakSet()).add(ticket)
 
-    def take_admission(self, session: str) -> bool:
+    def take_admission(self, session: str, ticket: Any = None) -> bool:
         """A Generate or Compare handler starts: False when Stop reached its request in the queue (it must not
-        run). Called first thing, before any validation, so that every admitted request is taken exactly once."""
+        run). Called first thing, before any validation. No ticket (a call from outside the queue): it runs."""
+        if ticket is None:
+            return True
         with self._lock:
-            _decrement(self._waiting, session)
-            return not _decrement(self._stopped, session)
+            waiting = self._waiting.get(session)
+            if waiting is not None:
+                waiting.discard(ticket)
+                if not waiting:
+                    del self._waiting[session]
+            stopped = ticket in self._stopped
+            self._stopped.discard(ticket)
+            return not stopped
 
     def begin(self, session: str, kind: str, look: Any = None) -> threading.Event:
         """The Stop flag of a run that starts now. A session runs one thing at a time: a starting run stops the
@@ -82,22 +95,10 @@ class SessionRuns:
             active = self._active.get(session)
             if active is not None:
                 active[0].set()
-            waiting = self._waiting.get(session, 0)
-            if waiting:
-                self._stopped[session] = waiting
-            return Stopped(active is not None, waiting)
+            waiting = self._waiting.pop(session, ())
+            self._stopped.update(waiting)
+            return Stopped(active is not None, len(waiting))
 
     def forget(self, session: str) -> None:
-        """The session closed: stop its run and drop its counts (its queued requests are dropped with it)."""
+        """The session closed: stop its run and its queued requests (Gradio drops those anyway)."""
         self.stop(session)
-        with self._lock:
-            self._waiting.pop(session, None)
-            self._stopped.pop(session, None)
-
-
-def _decrement(counts: dict[str, int], session: str) -> bool:
-    """Take one from `counts[session]`; False when there was none."""
-    n = counts.pop(session, 0)
-    if n > 1:
-        counts[session] = n - 1
-    return n > 0

@@ -90,18 +90,18 @@ def _wire_generation(pg: Playground, ui: dict[str, Any], outputs: list) -> Any:
     # show it on the API page.)
     def on_generate(request: gr.Request, **inputs: Any):
         history = inputs.pop("history")
-        for out in _stream_errors(pg.generate(inputs, history, request.session_hash)):
+        for out in _stream_errors(pg.generate(inputs, history, request.session_hash, request.request)):
             yield pack(out)
 
     def on_compare(trace_v, history_v, show_v, request: gr.Request):
-        for out in _stream_errors(pg.compare(trace_v, history_v, bool(show_v), request.session_hash)):
+        for out in _stream_errors(pg.compare(trace_v, history_v, bool(show_v), request.session_hash, request.request)):
             yield pack(out)
 
     def admit(request: gr.Request, *values: Any, **named: Any) -> list:
         """The validator of Generate and Compare, which Gradio runs as a request enters the queue: it tells
-        Stop that the session has a request waiting. Validation itself stays in the handler (it names the
-        parameter, and a raw payload may hold anything)."""
-        pg.runs.admit(request.session_hash)
+        Stop that the session has a request waiting, known by its HTTP request (ui/sessions.py). Validation itself
+        stays in the handler (it names the parameter, and a raw payload may hold anything)."""
+        pg.runs.admit(request.session_hash, request.request)
         return [gr.validate(True, "")] * (len(values) + len(named))
 
     def on_stop(request: gr.Request) -> Any:
