@@ -10,6 +10,7 @@ Note: acceptance_threshold 0.9 (the article's value) is *lossy* here; 1.0 (the d
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -40,10 +41,12 @@ class DFlashConfig:
         # Range checks are the request's: build one now so a bad config fails at construction.
         self.request(prompt="x")
 
-    def policy(self) -> str:
+    def policy(self, **kw: Any) -> str:
+        """The block-size policy; `kw` (a call's block_size / max_block_size) override the config's, as in `request`."""
         if self.adaptive:
             return self.adaptive
-        if self.max_block_size and (self.block_size is None or self.max_block_size > self.block_size):
+        block, top = kw.get("block_size", self.block_size), kw.get("max_block_size", self.max_block_size)
+        if top and (block is None or top > block):
             return "slow-start"
         return "auto"
 
@@ -51,7 +54,7 @@ class DFlashConfig:
         """A request with this config's options; `kw` (the prompt, and any option given per call) overrides them."""
         fields = dict(block_size=self.block_size, max_block_size=self.max_block_size, min_block_size=self.min_block_size,
                       diffusion_steps=self.diffusion_steps, confidence_threshold=self.confidence_threshold,
-                      acceptance_threshold=self.acceptance_threshold, adaptive=self.policy(), verify=self.verify,
+                      acceptance_threshold=self.acceptance_threshold, adaptive=self.policy(**kw), verify=self.verify,
                       lookup_ngram=self.lookup_ngram)
         unknown = sorted(set(kw) - set(Request.__dataclass_fields__))
         if unknown:
@@ -67,7 +70,14 @@ class DFlashModel:
         from dflash.load import load_engine, resolve_draft_dir
         from dflash.registry import PRESETS
 
+        if not isinstance(config, DFlashConfig):
+            raise ValidationError("config", f"must be a DFlashConfig, got {type(config).__name__}")
+        if not isinstance(target, (str, Engine)) and not hasattr(target, "config"):
+            raise ValidationError("target", f"must be a preset name, a directory, an Engine or a loaded transformers "
+                                            f"model, got {type(target).__name__}")
         self.config = config
+        self._last = None  # the latest generate's Result, whichever thread ran it
+        self._mine = threading.local()  # each thread's own latest Result
         draft = config.draft_model_name
         draft_dir = PRESETS[draft].draft if draft in PRESETS else draft
         if isinstance(target, Engine):
@@ -86,13 +96,21 @@ class DFlashModel:
             dmodel, vocab = load_draft(resolve_draft_dir(draft_dir))
             self.engine = Engine(tgt, dmodel, vocab)
 
-    def stream(self, prompt: str, **kw: Any) -> Iterator:
-        return self.engine.stream(self.config.request(prompt=prompt, **kw))
+    @property
+    def last_result(self) -> Any:
+        """The dflash.engine.Result of this thread's last `generate` (threads sharing a model each read their own), else
+        the model's latest; None before the first."""
+        return getattr(self._mine, "result", self._last)
+
+    def stream(self, prompt: str, cancel: threading.Event | None = None, **kw: Any) -> Iterator:
+        """The events of one run (dflash.events). `cancel`, set from any thread, stops it after the current block."""
+        return self.engine.stream(self.config.request(prompt=prompt, **kw), cancel)
 
     def generate(self, prompt: str, max_new_tokens: int = 512, temperature: float = 0.0, top_p: float = 1.0,
-                 top_k: int = 0, seed: int = 0, **kw: Any) -> str:
-        """Returns the generated text (the statistics are in `self.last_result`)."""
-        self.last_result = self.engine.generate(self.config.request(prompt=prompt, max_new_tokens=max_new_tokens,
-                                                                    temperature=temperature, top_p=top_p, top_k=top_k,
-                                                                    seed=seed, **kw))
-        return self.last_result.text
+                 top_k: int = 0, seed: int = 0, cancel: threading.Event | None = None, **kw: Any) -> str:
+        """Returns the generated text (the statistics are in `self.last_result`). `cancel` as in `stream`."""
+        result = self.engine.generate(self.config.request(prompt=prompt, max_new_tokens=max_new_tokens,
+                                                          temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                                                          **kw), cancel)
+        self._mine.result = self._last = result
+        return result.text

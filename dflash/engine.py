@@ -67,9 +67,12 @@ def check_draft_fits(cfg: DraftConfig, target: Target, vocab: torch.Tensor | Non
         raise ModelLoadError(f"draft: its draft vocabulary has ids outside the target's vocabulary ({target.vocab_size})")
 
 
-def _recorded(events: list[ev.Event], gen: Generator[ev.Event, None, T]) -> Generator[ev.Event, None, T]:
-    """Yield `gen`'s events, appending each to `events` (the stats are computed from them); return its value."""
+def _recorded(events: list[ev.Event], gen: Generator[ev.Event, None, T],
+              resumed: Callable[[], None]) -> Generator[ev.Event, None, T]:
+    """Yield `gen`'s events, appending each to `events` (the stats are computed from them); return its value.
+    `resumed` is called each time the consumer asks for the next event."""
     while True:
+        resumed()
         try:
             event = next(gen)
         except StopIteration as done:
@@ -100,6 +103,7 @@ class Engine:
         elif drafter is not None:
             raise ValueError("drafter: needs the draft model it drafts for (draft=...)")
         self._lock = threading.Lock()
+        self._holder: int | None = None  # the thread that last advanced the running stream (None: no stream runs)
         self.clock = time.monotonic  # injectable for deadline tests
         self.prefill_chunk = PREFILL_CHUNK  # injectable: tests use small chunks on tiny models
         self._texts: dict[int, str] = {}
@@ -144,8 +148,12 @@ class Engine:
         if tok is None:
             raise ValidationError("prompt", "this target has no tokenizer; pass prompt_ids instead")
         if request.chat_template and getattr(tok, "chat_template", None):
-            return chat_prompt_ids(tok, request.prompt)
-        return list(tok(request.prompt)["input_ids"])
+            ids = chat_prompt_ids(tok, request.prompt)
+        else:
+            ids = list(tok(request.prompt)["input_ids"])
+        if not ids:  # a tokenizer without a vocabulary: the prefill would have nothing to run
+            raise ValidationError("prompt", "this target's tokenizer turns it into no tokens; pass prompt_ids instead")
+        return ids
 
     def check(self, request: Request, prompt_ids: list[int]) -> tuple[int, int, int]:
         """Model-dependent validation. Returns (block size, min block size, max block size)."""
@@ -180,6 +188,8 @@ class Engine:
     def stream(self, request: Request, cancel: threading.Event | None = None, blocking: bool = True) -> Iterator[ev.Event]:
         """Validate now (raises ValidationError), then return the event iterator. One request at a time."""
         prompt_ids, sizes = self.validate(request)
+        if cancel is not None and not callable(getattr(cancel, "is_set", None)):
+            raise ValidationError("cancel", f"must be a threading.Event (set it to stop), got {cancel!r}")
         if not blocking and self.busy:
             raise BusyError("the engine is busy with another request")
         # "auto" becomes the policy it stands for on this device, so the Started event (the trace, the history)
@@ -190,6 +200,8 @@ class Engine:
     def validate(self, request: Request) -> tuple[list[int], tuple[int, int, int]]:
         """Everything `stream` checks before it runs (ValidationError naming the parameter): the prompt's token ids
         and the block sizes. Callers that run the request elsewhere (a GPU worker) call it first."""
+        if not isinstance(request, Request):
+            raise ValidationError("request", f"must be a dflash.Request, got {type(request).__name__}")
         prompt_ids = self.prompt_ids(request)
         if len(prompt_ids) > MAX_PROMPT_TOKENS:
             raise ValidationError("prompt", f"is {len(prompt_ids)} tokens; the limit is {MAX_PROMPT_TOKENS}")
@@ -203,8 +215,7 @@ class Engine:
     def _run(self, req: Request, prompt_ids: list[int], sizes: tuple[int, int, int], cancel: threading.Event,
              blocking: bool) -> Iterator[ev.Event]:
         # The lock is taken on the first next(), not in stream(): a stream that is never iterated holds nothing.
-        if not self._lock.acquire(blocking=blocking):
-            raise BusyError("the engine is busy with another request")
+        self._acquire(blocking)
         events: list[ev.Event] = []
         out: list[int] = []
         t_start = self.clock()
@@ -218,16 +229,30 @@ class Engine:
             events.append(started)
             yield started
             run = self._new_run(req, prompt_ids, out, t_start)
-            reason, message = yield from _recorded(events, self._loop(run, prompt_ids, sizes, stopped))
+            reason, message = yield from _recorded(events, self._loop(run, prompt_ids, sizes, stopped), self._hold)
         except (torch.OutOfMemoryError, MemoryError):
             reason, message = "error", "out of memory: try a shorter prompt, fewer new tokens or a smaller block"
         except Exception as exc:  # noqa: BLE001 — a failed request must leave the engine serving
             log.exception("generation failed")
             reason, message = "error", f"generation failed ({type(exc).__name__})"
         finally:
+            self._holder = None
             self._lock.release()
         yield ev.Finished(reason=reason, output_ids=list(out), text=self.decode(out), stats=compute_stats(events),
                           message=message)
+
+    def _acquire(self, blocking: bool) -> None:
+        """Take the one-request lock. A stream left suspended in this very thread (a loop broken out of, or left by
+        an exception, with the stream still referenced) holds it: waiting would never end, so that is a BusyError."""
+        if blocking and self._holder == threading.get_ident():
+            raise BusyError("a stream of this engine is still open in this thread (a loop left early?): close() it "
+                            "or read it to the end first")
+        if not self._lock.acquire(blocking=blocking):
+            raise BusyError("the engine is busy with another request")
+        self._hold()
+
+    def _hold(self) -> None:
+        self._holder = threading.get_ident()  # a stream may be advanced by another thread than the one that started it
 
     def _new_run(self, req: Request, prompt_ids: list[int], out: list[int], t_start: float) -> Run:
         """A request's state before its prefill: empty caches, the verification rule chosen once for the request."""

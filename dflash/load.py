@@ -19,19 +19,35 @@ import torch
 
 from dflash.draft import CONFIG_NAME, WEIGHTS_NAME, load_draft
 from dflash.engine import Engine
-from dflash.errors import ModelLoadError
+from dflash.errors import ModelLoadError, ValidationError
 from dflash.host import HostSettings, env_dtype, env_threads
 from dflash.host import choose as choose_settings
 from dflash.registry import get_preset
 from dflash.target import Target
+from dflash.zerogpu import zero_gpu
 
 CACHE_DIR = Path(os.environ.get("DFLASH_CACHE", Path.home() / ".cache" / "dflash"))
 
 
-def pick_device(device: str | None = None) -> torch.device:
-    if device:
-        return torch.device(device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def pick_device(device: str | torch.device | None = None) -> torch.device:
+    """cpu, cuda or cuda:N (None: cuda when available). A bad one is a ValidationError naming `device`, not torch's
+    RuntimeError or AssertionError from deep inside the load."""
+    if not device:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device) if isinstance(device, (str, torch.device)) else None
+    except (RuntimeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValidationError("device", f"unknown device {device!r}; use cpu, cuda or cuda:N")
+    if dev.type == "cuda" and not torch.cuda.is_available() and not zero_gpu():  # ZeroGPU lends CUDA per call
+        raise ValidationError("device", "CUDA is not available on this machine; use cpu")
+    return dev
+
+
+def check_threads(threads: int | None) -> None:
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValidationError("threads", f"must be an integer >= 1 (None: the host probe's choice), got {threads!r}")
 
 
 def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -108,6 +124,8 @@ def _load_dir(path: str, local_only: bool = True, **gpu):
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
     except (OSError, ValueError, TypeError):
         tokenizer = None  # a bare weights directory: only --prompt-ids works
+    if tokenizer is not None and not tokenizer("a")["input_ids"]:
+        tokenizer = None  # transformers builds an empty one for some bare directories (Qwen3): it encodes nothing
     return model, tokenizer
 
 
@@ -237,6 +255,8 @@ def load_engine(preset: str | None = "default", target: str | None = None, draft
     CUDA only: quantize "4bit" | "8bit" loads the target with bitsandbytes; device_map "auto" splits a target
     larger than one GPU over the visible GPUs with accelerate (the draft stays on the first one).
     """
+    check_threads(threads)
+    dev = pick_device(device)  # checked before anything loads or changes
     threads = threads or env_threads()
     if dtype in (None, "auto"):  # what the caller gives wins over the environment, as for threads
         dtype = env_dtype() or dtype
@@ -248,7 +268,6 @@ def load_engine(preset: str | None = "default", target: str | None = None, draft
         name = p.name
     else:
         name = Path(target).name or target
-    dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
     options = gpu_load_options(dev, dt, quantize, device_map)  # {} on CPU; errors name the option
     t0 = time.perf_counter()

@@ -19,8 +19,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-OUT_DIR="${1:-${OUT:-artifacts/gpu_check}}"
-shift || true
+case "${1:-}" in
+  -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
+# OUT_DIR may be left out (`gpu_check.sh --quick`): a first argument that is an option is gpu_check.py's, not a folder.
+OUT_DIR="${OUT:-artifacts/gpu_check}"
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
+  OUT_DIR="$1"
+  shift
+fi
 PY="${PYTHON:-}"
 if [ -z "$PY" ]; then
   if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi

@@ -52,3 +52,75 @@ def test_options_given_per_call_override_the_config(engine):
     assert model.last_result.events[0].request["block_size"] == 4  # the config's again
     with pytest.raises(ValidationError, match="block_sise"):
         model.generate("x", block_sise=2)
+
+
+def test_bad_model_arguments_name_the_parameter(engine):
+    """Before: AttributeErrors ('dict' object has no attribute 'draft_model_name', 'int' has no 'config')."""
+    with pytest.raises(ValidationError) as err:
+        DFlashModel({"block_size": 4}, engine)
+    assert err.value.param == "config"
+    with pytest.raises(ValidationError) as err:
+        DFlashModel(DFlashConfig(), 123)
+    assert err.value.param == "target"
+    assert DFlashModel(DFlashConfig(), engine).last_result is None  # before the first generate: None, not an AttributeError
+
+
+def test_stop_from_another_thread(engine):
+    """stream/generate take a cancel Event, as Engine.stream does: set from another thread, the run stops after the
+    current block and keeps what it committed (before: 'cancel: is not a generation option')."""
+    import threading
+
+    model = DFlashModel(DFlashConfig(block_size=2), engine)
+    model.generate("", prompt_ids=(5, 6, 7), max_new_tokens=40)
+    assert len(model.last_result.output_ids) == 40
+    cancel = threading.Event()
+    events = []
+    for event in model.stream("", prompt_ids=(5, 6, 7), max_new_tokens=40, cancel=cancel):
+        events.append(event)
+        if type(event).__name__ == "Commit" and event.block == 2:
+            stopper = threading.Thread(target=cancel.set)
+            stopper.start()
+            stopper.join()
+    fin = events[-1]
+    assert fin.reason == "cancelled" and 0 < len(fin.output_ids) < 40
+    assert fin.output_ids == model.last_result.output_ids[: len(fin.output_ids)]
+    cancel.set()  # already set: generate stops after the prefill's token
+    model.generate("", prompt_ids=(5, 6, 7), max_new_tokens=40, cancel=cancel)
+    assert model.last_result.finish_reason == "cancelled" and len(model.last_result.output_ids) == 1
+
+
+def test_two_threads_each_see_their_own_last_result(engine):
+    """Two threads share one model: each one reads its own call's last_result (before: whichever call finished last,
+    so a thread could read another's statistics)."""
+    import threading
+
+    model = DFlashModel(DFlashConfig(block_size=4), engine)
+    first_done, second_done, seen = threading.Event(), threading.Event(), {}
+
+    def first():
+        model.generate("", prompt_ids=(5, 6, 7), max_new_tokens=3)
+        first_done.set()
+        second_done.wait(30)  # read only after the other thread's call has finished
+        seen["first"] = len(model.last_result.output_ids)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    first_done.wait(30)
+    model.generate("", prompt_ids=(5, 6, 7), max_new_tokens=9)
+    second_done.set()
+    thread.join(30)
+    assert seen == {"first": 3}
+    assert len(model.last_result.output_ids) == 9
+
+
+def test_a_per_call_max_block_size_picks_the_policy_as_in_the_config(engine):
+    """adaptive=None means slow-start when max_block_size > block_size: the same whether max_block_size is in the
+    config or given per call (before: per call it kept the config's 'auto')."""
+    in_config = DFlashModel(DFlashConfig(block_size=2, max_block_size=8), engine)
+    in_config.generate("", prompt_ids=(5, 6, 7), max_new_tokens=4)
+    per_call = DFlashModel(DFlashConfig(block_size=2), engine)
+    per_call.generate("", prompt_ids=(5, 6, 7), max_new_tokens=4, max_block_size=8)
+    assert in_config.last_result.events[0].request["adaptive"] == "slow-start"
+    assert per_call.last_result.events[0].request["adaptive"] == "slow-start"
+    per_call.generate("", prompt_ids=(5, 6, 7), max_new_tokens=4, block_size=8, max_block_size=8, adaptive="fixed")
+    assert per_call.last_result.events[0].request["adaptive"] == "fixed"

@@ -171,3 +171,28 @@ def test_validation_error_does_not_take_the_lock(engine):
     with pytest.raises(ValueError):
         engine.stream(Request(prompt_ids=(300,), max_new_tokens=3))  # id >= vocab 256
     assert not engine._lock.locked()
+
+
+def test_stream_left_open_in_this_thread_raises_instead_of_waiting_forever(engine, expected):
+    """A loop broken out of (or left by an exception) keeps its stream, and so the lock, while the stream is still
+    referenced. A blocking request from that same thread then waited forever; it is a BusyError that says why."""
+    import signal
+
+    def hung(*_):
+        raise TimeoutError("waited for a lock only this thread can release")
+
+    stream = engine.stream(REQ)
+    for e in stream:
+        if isinstance(e, Commit):
+            break
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(5)
+    try:
+        with pytest.raises(BusyError, match="close"):
+            engine.generate(REQ)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert next(stream)  # the open stream is untouched and goes on
+    stream.close()
+    assert engine.generate(REQ).output_ids == expected

@@ -22,3 +22,26 @@ def test_the_oracle_check_accepts_every_block_and_stays_lossless(gpu_check, tmp_
     result = gpu_check.check_oracle(args, "cpu")
     # 2 kernel modes × (1 greedy + 1 sampled prompt); a failure lists the blocks not accepted whole
     assert result["runs"] == 4 and result["failures"] == [] and result["ok"]
+
+
+def test_the_shell_script_takes_options_without_an_out_dir(tmp_path):
+    """`gpu_check.sh --quick` (OUT_DIR left out, as `[OUT_DIR] [--quick]` allows) passes --quick on to gpu_check.py
+    and writes to $OUT; before, '--quick' became the output folder (`mkdir -p --quick` failed) and was dropped.
+    PYTHON is a recorder of its arguments: this tests the script's own argument handling, nothing it runs."""
+    import os
+    import subprocess
+
+    calls = tmp_path / "calls.txt"
+    recorder = tmp_path / "python"
+    recorder.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    recorder.chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": str(recorder), "OUT": str(out)}
+    run = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--quick"], env=env, capture_output=True, text=True,
+                         timeout=30)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"scripts/gpu_check.py --out {out} --quick" in calls.read_text().splitlines()[-1]
+    assert out.is_dir()
+    usage = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--help"], env=env, capture_output=True,
+                           text=True, timeout=30)
+    assert usage.returncode == 0 and "OUT_DIR" in usage.stdout and len(calls.read_text().splitlines()) == 2

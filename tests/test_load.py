@@ -123,3 +123,36 @@ def test_quantized_target_runs_on_cuda(tiny_dir, quantize):
     engine = Engine(target, tiny_draft(target, block_size=8))
     res = engine.generate(Request(prompt_ids=(1, 2, 3), max_new_tokens=24))
     assert res.finish_reason == "length" and len(res.output_ids) == 24
+
+
+@pytest.mark.parametrize("kw,param", [
+    (dict(device="tpu9"), "device"),  # before: torch's RuntimeError "Invalid device string"
+    (dict(device="meta"), "device"),
+    (dict(device=5), "device"),  # before: RuntimeError "Cannot access accelerator device when none is available"
+    (dict(threads=-1), "threads"),  # before: RuntimeError from torch.set_num_threads
+    (dict(threads=0), "threads"),  # before: silently the host probe's choice
+    (dict(threads="2"), "threads"),
+])
+def test_bad_load_arguments_name_the_parameter_before_anything_loads(kw, param):
+    from dflash.errors import ValidationError
+
+    with pytest.raises(ValidationError) as err:
+        load_engine(target="/nonexistent/target", **kw)  # reached the loader, this would be a ModelLoadError
+    assert err.value.param == param
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has CUDA")
+def test_cuda_asked_on_a_machine_without_it():
+    from dflash.errors import ValidationError
+
+    with pytest.raises(ValidationError, match="CUDA is not available") as err:  # before: AssertionError from torch
+        load_engine(target="/nonexistent/target", device="cuda")
+    assert err.value.param == "device"
+
+
+def test_a_directory_without_tokenizer_files_loads_without_a_tokenizer(tmp_path):
+    """Before: transformers' empty tokenizer for a Qwen3 directory, which turns every prompt into no tokens, in place
+    of None (the engine then says to pass prompt ids)."""
+    tiny_target("qwen3").model.save_pretrained(tmp_path)
+    model, tokenizer = load_target_model(str(tmp_path))
+    assert tokenizer is None and model is not None

@@ -241,3 +241,35 @@ def test_a_text_prompt_has_the_same_token_limit_as_prompt_ids():
         engine.stream(Request(prompt="a" * MAX_PROMPT_TOKENS))
     assert err.value.param == "max_new_tokens"
     assert not engine._lock.locked()
+
+
+@pytest.mark.parametrize("call,param", [
+    (lambda e: e.stream("hello"), "request"),  # a prompt string where a Request belongs
+    (lambda e: e.stream({"prompt_ids": (1, 2)}), "request"),
+    (lambda e: e.generate(None), "request"),
+    (lambda e: e.stream(Request(prompt_ids=(1, 2), max_new_tokens=2), cancel=True), "cancel"),  # not an Event
+])
+def test_engine_arguments_of_the_wrong_type_name_the_parameter(engine, call, param):
+    """Before: an AttributeError from deep inside (or, for cancel, a run that ended in 'generation failed')."""
+    with pytest.raises(ValidationError) as err:
+        call(engine)
+    assert err.value.param == param
+    assert not engine._lock.locked()
+
+
+def test_a_prompt_that_tokenizes_to_nothing_is_refused(tmp_path):
+    """A tokenizer without a vocabulary (transformers builds one for a Qwen3 directory without tokenizer files)
+    turns every prompt into no tokens: a ValidationError naming the prompt (before: the run started and ended in
+    'generation failed (TypeError)')."""
+    from transformers import AutoTokenizer
+
+    from dflash.target import Target
+
+    target = tiny_target("qwen3")
+    target.model.config.save_pretrained(tmp_path)
+    empty = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+    engine = Engine(Target(target.model, empty), tiny_draft(target))
+    with pytest.raises(ValidationError) as err:
+        engine.stream(Request(prompt="hello"))
+    assert err.value.param == "prompt" and "no tokens" in str(err.value)
+    assert not engine._lock.locked()
