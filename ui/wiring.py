@@ -114,9 +114,10 @@ def _wire_generation(pg: Playground, ui: dict[str, Any], outputs: list) -> Any:
     # clients do not send. Not a set of inputs: Gradio orders those by creation, which would reorder the API.
     gen_inputs = {**{k: ui[k] for k in CONTROL_KEYS}, "history": ui["history"]}
     # One generation at a time on this server; raw payloads (preprocess=False) so that our own validation names
-    # the parameter, NaN included.
-    run = {"outputs": outputs, "show_progress": "hidden", "validator": admit, "concurrency_id": "engine",
-           "concurrency_limit": 1}
+    # the parameter, NaN included. Progress on the status line only: a visitor waiting behind another's run sees
+    # the queue position and wait there (the streamed views draw the run itself).
+    run = {"outputs": outputs, "show_progress": "full", "show_progress_on": [ui["status"]], "validator": admit,
+           "concurrency_id": "engine", "concurrency_limit": 1}
     gen_event = ui["generate"].click(on_generate, inputs_kwargs=gen_inputs, api_name="generate", preprocess=False, **run)
     ui["prompt"].submit(on_generate, inputs_kwargs=gen_inputs, api_visibility="private", preprocess=False, **run)
     ui["compare"].click(on_compare, [ui["trace"], ui["history"], ui["show_rejected"]], api_name="compare", **run)

@@ -82,6 +82,29 @@ def set_slider(page, elem_id: str, value: float) -> None:
     expect(box).to_have_value(str(value))
 
 
+def test_a_visitor_waiting_in_the_queue_sees_their_place(app, browser):
+    """One generation runs at a time: a second visitor's Generate waits, and their status line shows the queue
+    position and wait (before, the progress was hidden and nothing on their page changed until their turn)."""
+    first, second = open_page(browser, app.url), open_page(browser, app.url)
+    try:
+        for page in (first, second):
+            page.locator("#prompt textarea").fill("Once upon a time")
+        set_slider(first, "max-new-tokens", 400)
+        first.click("#generate")
+        first.wait_for_function("document.querySelectorAll('#token-stream .dfl-stream .tok').length > 2", timeout=120_000)
+        second.click("#generate")
+        place = second.locator("#status .progress-text")
+        expect(place).to_contain_text(re.compile(r"queue: \d+/\d+"))
+        # Shown, not clipped by the one-line status: the text is what the browser hits at its own centre.
+        assert place.evaluate("e => { const r = e.getBoundingClientRect();"
+                              " return e.contains(document.elementFromPoint(r.x + r.width / 2, r.y + r.height / 2)); }")
+        first.locator("#stop").dispatch_event("click")
+        expect(second.locator("#status")).to_contain_text("Finished", timeout=120_000)  # then it runs
+    finally:
+        first.close()
+        second.close()
+
+
 def test_generate_stream_inspect_stop_and_replay(app, browser):
     ARTIFACTS.mkdir(exist_ok=True)
     page = open_page(browser, app.url)
