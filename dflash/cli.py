@@ -145,7 +145,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                           "message": fin.message, "stats": fin.stats, "settings": info.get("host")}))
     else:
         s = fin.stats
-        print(f"\n\n[{fin.reason}{': ' + fin.message if fin.message else ''}] {s['n_output_tokens']} tokens, "
+        print(flush=True)  # the streamed text ends its line on stdout, wherever stderr goes
+        print(f"\n[{fin.reason}{': ' + fin.message if fin.message else ''}] {s['n_output_tokens']} tokens, "
               f"tau {s['tau']:.2f}, {s['tokens_per_s']:.1f} tok/s, TTFT {s['ttft_ms']:.0f} ms, "
               f"draft {s['draft_ms']:.0f} ms / verify {s['verify_ms']:.0f} ms"
               + (f", {s['copy_blocks']} blocks copied (tau {s['copy_tau']:.2f})" if s["copy_blocks"] else "")

@@ -199,6 +199,13 @@ def test_lookup_ngram_copies_from_the_context_without_changing_the_output(models
     assert_option_error(generate(*base, "--lookup-ngram", "9"), "--lookup-ngram")
 
 
+def test_streamed_text_ends_its_line_on_stdout(models):
+    """Text mode: the statistics go to stderr and stdout ends with a newline (before, a shell prompt landed on the
+    answer's last line whenever stderr was redirected)."""
+    proc = generate("--target", str(models / "target"), "--prompt-ids", "5,6,7", "--max-new-tokens", "4", "--no-draft")
+    assert proc.returncode == 0 and proc.stdout.endswith("\n") and "[length] 4 tokens" in proc.stderr, proc.stderr
+
+
 def test_prompt_and_prompt_ids_together_or_neither_is_an_option_error(models):
     """One of --prompt and --prompt-ids: both given, one would be dropped silently; neither, there is nothing to say."""
     target = ["--target", str(models / "target")]
