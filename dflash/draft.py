@@ -69,6 +69,19 @@ class DraftConfig:
         if self.block_size < 2:
             raise ValueError("block_size must be >= 2")
 
+    def check_fits(self, hidden_size: int, num_layers: int, vocab_size: int, vocab: torch.Tensor | None) -> None:
+        """Against the target's shape: a draft trained for another target fails here with a message (ModelLoadError),
+        not later with an IndexError mid-run. `vocab`: the draft vocabulary's target ids, or None."""
+        if self.hidden_size != hidden_size:
+            raise ModelLoadError(f"draft: hidden size {self.hidden_size} does not match the target's {hidden_size}")
+        bad = [j for j in self.target_layer_ids if not 0 <= j < num_layers]
+        if bad:
+            raise ModelLoadError(f"draft: target_layer_ids {bad} do not exist in the target ({num_layers} layers)")
+        if not 0 <= self.mask_token_id < vocab_size:
+            raise ModelLoadError(f"draft: mask_token_id {self.mask_token_id} is outside the target's vocabulary ({vocab_size})")
+        if vocab is not None and vocab.numel() and not (0 <= int(vocab.min()) and int(vocab.max()) < vocab_size):
+            raise ModelLoadError(f"draft: its draft vocabulary has ids outside the target's vocabulary ({vocab_size})")
+
     def to_hf_dict(self) -> dict[str, Any]:
         """config.json in the z-lab layout."""
         d = asdict(self)

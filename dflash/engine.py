@@ -22,9 +22,9 @@ import torch
 from dflash import events as ev
 from dflash.adaptive import Outcome as StepOutcome
 from dflash.adaptive import make_controller, resolve
-from dflash.draft import DFlashDraftModel, DraftConfig
+from dflash.draft import DFlashDraftModel
 from dflash.drafter import Drafter, DraftProposer, Proposal
-from dflash.errors import BusyError, ModelLoadError, ValidationError
+from dflash.errors import BusyError, ValidationError
 from dflash.lookup import NgramIndex, copy_proposal
 from dflash.request import MAX_PROMPT_TOKENS, Request
 from dflash.stats import compute_stats
@@ -53,20 +53,6 @@ class Result:
     message: str = ""
 
 
-def check_draft_fits(cfg: DraftConfig, target: Target, vocab: torch.Tensor | None) -> None:
-    """A draft trained for another target fails here with a message, not later with an IndexError mid-run."""
-    if cfg.hidden_size != target.hidden_size:
-        raise ModelLoadError(f"draft: hidden size {cfg.hidden_size} does not match the target's {target.hidden_size}")
-    bad = [j for j in cfg.target_layer_ids if not 0 <= j < target.num_layers]
-    if bad:
-        raise ModelLoadError(f"draft: target_layer_ids {bad} do not exist in the target ({target.num_layers} layers)")
-    if not 0 <= cfg.mask_token_id < target.vocab_size:
-        raise ModelLoadError(f"draft: mask_token_id {cfg.mask_token_id} is outside the target's vocabulary "
-                             f"({target.vocab_size})")
-    if vocab is not None and vocab.numel() and not (0 <= int(vocab.min()) and int(vocab.max()) < target.vocab_size):
-        raise ModelLoadError(f"draft: its draft vocabulary has ids outside the target's vocabulary ({target.vocab_size})")
-
-
 def _recorded(events: list[ev.Event], gen: Generator[ev.Event, None, T],
               resumed: Callable[[], None]) -> Generator[ev.Event, None, T]:
     """Yield `gen`'s events, appending each to `events` (the stats are computed from them); return its value.
@@ -93,7 +79,7 @@ class Engine:
         self.target = target
         self.name = name
         if draft is not None:
-            check_draft_fits(draft.config, target, draft_vocab)
+            draft.config.check_fits(target.hidden_size, target.num_layers, target.vocab_size, draft_vocab)
         self.draft = draft.to(device=target.device, dtype=target.dtype).eval() if draft is not None else None
         self._draft_vocab = draft_vocab
         self.drafter: DraftProposer | None = None  # read by the UI: None means no draft to run
