@@ -34,10 +34,20 @@ STATE_SESSIONS = 1000  # the oldest session's state is dropped beyond this (see 
 NARROWEST = 320  # px: a chart or the statistics narrower than this wraps onto its own line (titles, legends and
 # the comparison's verdict stay readable on a phone)
 
-# Show a clicked token's details under the stream (hover shows the same text as a tooltip).
-TOKEN_JS = """element.addEventListener('click', (e) => {
-  const t = e.target.closest('.tok'); const d = element.querySelector('.tok-details');
-  if (t && d && t.title) { d.textContent = t.title; }
+# Show a clicked or focused token's details under the stream (hover shows the same text as a tooltip). Keyboard: the
+# stream is one Tab stop; ← → move through its tokens (Home / End: the first / the last), Escape goes back to the stream.
+TOKEN_JS = """const show = (t) => {
+  const d = element.querySelector('.tok-details'); if (t && d && t.title) { d.textContent = t.title; }
+};
+element.addEventListener('click', (e) => show(e.target.closest('.tok')));
+element.addEventListener('focusin', (e) => show(e.target.closest('.tok')));
+element.addEventListener('keydown', (e) => {
+  const toks = [...element.querySelectorAll('.dfl-stream .tok')]; const at = toks.indexOf(e.target);
+  const moves = {ArrowRight: at + 1, ArrowDown: at + 1, ArrowLeft: at - 1, ArrowUp: at - 1, Home: 0, End: toks.length - 1};
+  if (e.key === 'Escape' && at >= 0) { e.target.closest('.dfl-stream-scroll').focus(); return; }
+  if (!(e.key in moves) || !toks.length || !e.target.closest('.dfl-stream-scroll')) { return; }
+  const t = toks[Math.min(Math.max(at < 0 && e.key.startsWith('Arrow') ? 0 : moves[e.key], 0), toks.length - 1)];
+  e.preventDefault(); t.tabIndex = -1; t.focus();
 });"""
 
 

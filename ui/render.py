@@ -201,9 +201,11 @@ def token_stream_html(run: RunState | list, show_rejected: bool = True,
 
 
 # The token stream component's frame: column-reverse keeps the newest tokens in view as the answer grows.
-TOKEN_TEMPLATE = ('<div class="dfl-stream-scroll"><div class="dfl-stream">${value}</div></div>'
-                  '<div class="tok-details" aria-live="polite">Hover over (or click) a token: block, position, draft '
-                  "confidence and the target's choice.</div>")
+# Keyboard: Tab reaches the stream, ← → (Home, End) move through its tokens and show each one's details (layout.TOKEN_JS).
+TOKEN_TEMPLATE = ('<div class="dfl-stream-scroll" tabindex="0" role="group" aria-label="Generated tokens: use the arrow '
+                  'keys to read each token\'s details"><div class="dfl-stream">${value}</div></div>'
+                  '<div class="tok-details" aria-live="polite">Hover over (or click) a token, or Tab to the text and use '
+                  "← →: block, position, draft confidence and the target's choice.</div>")
 
 
 def token_header_html(run: RunState | list, show_rejected: bool = True) -> str:
