@@ -51,6 +51,24 @@ element.addEventListener('keydown', (e) => {
 });"""
 
 
+# Screen readers: the status line changes many times a second while a run streams, so it is not a live region itself;
+# a hidden one announces what it ends on (finished, stopped, compared, an error, a loaded trace), never the progress.
+ANNOUNCE_JS = """() => {
+  const say = document.createElement('div');
+  say.id = 'announce'; say.className = 'sr-only'; say.setAttribute('role', 'status'); say.setAttribute('aria-live', 'polite');
+  document.body.appendChild(say);
+  const watch = () => {
+    const s = document.querySelector('#status [data-testid=markdown]');
+    if (!s) { setTimeout(watch, 300); return; }
+    new MutationObserver(() => {
+      const text = s.innerText.trim();
+      if (text && !text.endsWith('…') && text !== say.textContent) { say.textContent = text; }  // progress ends in …
+    }).observe(s, {subtree: true, childList: true, characterData: true});
+  };
+  watch();
+}"""
+
+
 def build_demo(engines: EngineProvider | Mapping[str, Engine] | Loader | None = None, *, notice: str | None = None,
                settings: Settings | None = None) -> gr.Blocks:
     """The playground. `engines`: a provider, a dict preset → Engine (tests, notebooks), a loader callable, or
@@ -231,6 +249,7 @@ def launch_kwargs(**overrides: Any) -> dict[str, Any]:
         # Sessions whose state (a run's trace: ~1 MB per 500 tokens, more after Compare) stays in memory. API clients
         # never close their sessions, so only this bound frees them; Gradio's default, 10,000, could hold ~10 GB.
         "state_session_capacity": STATE_SESSIONS,
+        "js": ANNOUNCE_JS,
     }
     kw.update(overrides)
     return kw

@@ -298,3 +298,27 @@ def test_keyboard_reaches_every_token_with_a_visible_focus_and_the_text_is_legib
         assert low_contrast(page) == []  # legend, tokens, inspector cells, statistics and the verdict
     finally:
         page.close()
+
+
+def test_a_screen_reader_hears_how_a_run_ends_not_its_progress(app, browser):
+    """The status line changes many times a second during a run, so it is not a live region; a hidden one (role
+    status) announces what it ends on — the finished run, a loaded trace — and none of the progress lines."""
+    page = open_page(browser, app.url)
+    try:
+        heard = page.locator("#announce[role=status][aria-live=polite]")
+        expect(heard).to_have_count(1)
+        page.evaluate("""() => { window.heard = []; new MutationObserver(() => window.heard.push(
+            document.querySelector('#announce').textContent)).observe(document.querySelector('#announce'),
+            {childList: true, characterData: true, subtree: true}); }""")
+        page.locator("#prompt textarea").fill("Once upon a time")
+        set_slider(page, "max-new-tokens", 24)
+        page.click("#generate")
+        expect(heard).to_contain_text("Finished")
+        said = page.evaluate("window.heard")
+        assert said and not any(s.endswith("…") or "verify steps" in s for s in said), said
+        assert heard.bounding_box()["width"] <= 1  # heard, not seen
+        page.get_by_role("tab", name="Replay and step mode").click()
+        page.click("#load-trace")
+        expect(heard).to_contain_text("Loaded bundled trace")
+    finally:
+        page.close()
