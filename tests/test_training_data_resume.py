@@ -169,3 +169,28 @@ def test_data_into_a_teacher_forced_directory_is_refused(grown_tf, target_dir):
     proc = train("data", "--target", str(target_dir), "--out", str(out), *TF[:2], "--layers", "1,2", "--prompts", "9")
     assert_option_error(proc, "--out")
     assert (out / "meta.json").read_text() == meta
+
+
+def test_an_interrupted_regrowth_leaves_no_sequence_in_two_shards(tmp_path):
+    """A grown count reorders the last sort window, so its shards are made again; Ctrl-C midway must not leave
+    old shards holding sequences that a new one holds too (trained on twice, or held out and trained on)."""
+    from conftest import tiny_target
+    from dflash.training.data import write_teacher_forced
+    from dflash.training.data_config import TeacherForcedConfig
+
+    model = tiny_target("llama", seed=3).model
+    cfg = TeacherForcedConfig(target="tiny", out=str(tmp_path), conversations=9, layers=(1, 2), batch_size=2)
+    rows = [([i + 1] * 3, [i + 100] * (i + 2)) for i in range(9)]  # 9 distinct (prompt, reply) rows
+    write_teacher_forced(model, 0, rows[:5], tmp_path, cfg)  # the first run: shards 0-2
+    calls = []
+
+    def ctrl_c_in_the_second_forward(*_):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    model.model.register_forward_pre_hook(ctrl_c_in_the_second_forward)
+    with pytest.raises(KeyboardInterrupt):  # the grown run orders the rows otherwise: every old shard is stale
+        write_teacher_forced(model, 0, rows[4:] + rows[:4], tmp_path, cfg)
+    seqs = sequences(tmp_path)
+    assert seqs and len(seqs) == len(set(seqs))

@@ -1,6 +1,12 @@
 """A tiny end-to-end training run: data stage on a tiny random target, fit, checkpoint, exact resume."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -172,3 +178,123 @@ def test_on_policy_blocks_drop_labels_after_a_teacher_forced_disagreement(data_d
         tr = Trainer(FitConfig(**{**cfg(data_dir, tmp_path / f"p{flag}", steps=1).__dict__, "onpolicy_blocks": flag}))
         counts.append(tr.seq_loss(tf, torch.Generator().manual_seed(0), 0.0)[1]["positions"])
     assert 0 < counts[1] < counts[0]
+
+
+def interrupt_at(trainer: Trainer, step: int) -> None:
+    """Ctrl-C inside the step after `step` (its first draft forward): what a user's interrupt does mid-run."""
+    def hook(*_):
+        if trainer.step == step:
+            raise KeyboardInterrupt
+
+    trainer.draft.register_forward_pre_hook(hook)
+
+
+def test_a_run_interrupted_between_checkpoints_resumes_to_the_same_log_and_weights(data_dir, tmp_path):
+    straight = Trainer(cfg(data_dir, tmp_path / "a", steps=12))
+    straight.fit(progress=False)
+    first = Trainer(cfg(data_dir, tmp_path / "b", steps=12))
+    interrupt_at(first, 7)  # steps 6 and 7 are logged, the checkpoint is step 5's
+    with pytest.raises(KeyboardInterrupt):
+        first.fit(progress=False)
+    Trainer(cfg(data_dir, tmp_path / "b", steps=12)).fit(progress=False)
+    rows = lambda d: [{k: v for k, v in json.loads(x).items() if k != "s_per_step"}  # noqa: E731
+                      for x in (d / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows(tmp_path / "b")] == list(range(1, 13))  # each step once
+    assert rows(tmp_path / "b") == rows(tmp_path / "a")
+    from safetensors.torch import load_file
+
+    a, b = (load_file(str(tmp_path / d / "trainer_state.safetensors")) for d in ("a", "b"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_kill_while_the_trainer_state_is_written_leaves_the_previous_checkpoint(data_dir, tmp_path, monkeypatch):
+    import safetensors.torch
+
+    tr = Trainer(cfg(data_dir, tmp_path / "run", steps=12))
+    for _ in range(5):
+        tr.train_step()
+    tr.save()
+    real = safetensors.torch.save_file
+
+    def killed_mid_write(tensors, filename, metadata=None):
+        real(tensors, filename, metadata)
+        if "trainer_state" in str(filename):  # half the bytes reach the disk, then the process dies
+            with open(filename, "r+b") as f:
+                f.truncate(f.seek(0, 2) // 2)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(safetensors.torch, "save_file", killed_mid_write)
+    tr.train_step()
+    with pytest.raises(KeyboardInterrupt):
+        tr.save()
+    monkeypatch.undo()
+    resumed = Trainer(cfg(data_dir, tmp_path / "run", steps=12))
+    assert resumed.load() and resumed.step == 5
+
+
+@pytest.mark.parametrize("change,option", [({"block_size": 8}, "--block-size"), ({"layers": 2}, "--layers"),
+                                           ({"lr": 1e-3}, "--lr"), ({"steps": 20}, "--steps")])
+def test_an_out_holding_another_runs_checkpoint_is_refused(data_dir, tmp_path, change, option):
+    tr = Trainer(cfg(data_dir, tmp_path / "run", steps=12))
+    tr.train_step()
+    tr.save()
+    with pytest.raises(ValueError, match=f"^{option}"):
+        Trainer(FitConfig(**{**cfg(data_dir, tmp_path / "run", steps=12).__dict__, **change}))
+    # Options that change no weight may differ, and the same data may be named by another path.
+    same = {"ckpt_every": 3, "eval_every": 2, "stop_at": 6, "snapshot_base": 0, "threads": 1,
+            "data": str(data_dir / "data") + "/"}
+    assert Trainer(FitConfig(**{**cfg(data_dir, tmp_path / "run", steps=12).__dict__, **same})).load()
+
+
+def test_ctrl_c_in_train_fit_prints_one_line_and_exits_130(data_dir, tmp_path):
+    out = tmp_path / "run dir"  # a space in the path, too
+    cmd = [sys.executable, "-m", "dflash", "train", "fit", "--data", str(data_dir / "data"), "--out", str(out), "--layers", "1",
+           "--layer-ids", "2", "--block-size", "4", "--steps", "100000", "--seqs-per-step", "1", "--draft-vocab", "0",
+           "--mask-token-id", "255", "--threads", "1"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    # SIGINT as a terminal delivers it, also where pytest itself runs with it ignored (`cmd &` in a script).
+    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parent.parent, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.time() + 60
+    while not (out / "train_log.jsonl").is_file() or not (out / "train_log.jsonl").read_text():  # in the training loop
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else "slow"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert "interrupted" in err.replace("\r", "\n").splitlines(), err  # on a line of its own, not after the progress bar
+
+
+def test_a_kill_while_a_snapshot_is_written_leaves_it_to_the_resumed_run(data_dir, tmp_path, monkeypatch):
+    import dflash.training.fit as fit
+
+    snap = lambda d: {**cfg(data_dir, d, steps=4).__dict__, "snapshot_base": 2, "ckpt_every": 2}  # noqa: E731
+    Trainer(FitConfig(**snap(tmp_path / "a"))).fit(progress=False)
+    real = fit.save_draft
+
+    def killed_mid_snapshot(model, directory, **kw):
+        if "snapshots" in str(directory):  # its config.json is on disk, its weights are not
+            Path(directory).mkdir(parents=True)
+            (Path(directory) / "config.json").write_text("{}")
+            raise KeyboardInterrupt
+        real(model, directory, **kw)
+
+    monkeypatch.setattr(fit, "save_draft", killed_mid_snapshot)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(FitConfig(**snap(tmp_path / "b"))).fit(progress=False)
+    monkeypatch.undo()
+    Trainer(FitConfig(**snap(tmp_path / "b"))).fit(progress=False)
+    for step in ("step_000002", "step_000004"):
+        want, got = load_draft(tmp_path / "a" / "snapshots" / step)[0], load_draft(tmp_path / "b" / "snapshots" / step)[0]
+        assert all(torch.equal(v, got.state_dict()[k]) for k, v in want.state_dict().items())
+
+
+def test_an_out_holding_a_draft_fit_did_not_make_is_refused(data_dir, tmp_path):
+    from dflash.draft import save_draft
+
+    tr = Trainer(cfg(data_dir, tmp_path / "run", steps=2))
+    save_draft(tr.draft, tmp_path / "shipped")  # a draft directory (downloaded, exported): no training config
+    before = (tmp_path / "shipped" / "model.safetensors").read_bytes()
+    with pytest.raises(ValueError, match="^--out: .* --init-from"):
+        Trainer(cfg(data_dir, tmp_path / "shipped", steps=2))
+    assert (tmp_path / "shipped" / "model.safetensors").read_bytes() == before

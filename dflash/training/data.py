@@ -153,11 +153,12 @@ def write_shards(model, tokenizer, target: str, prompts: list[list[int]], out_di
     capture = Capture(model, layer_ids)
     gen = torch.Generator().manual_seed(seed)
     n_shards = (len(prompts) + batch_size - 1) // batch_size
+    drop_stale(out, [[(p, len(p)) for p in prompts[s:s + batch_size]] for s in range(0, len(prompts), batch_size)], True)
     t0, done_tokens = time.time(), 0
     for s in range(n_shards):
         path = out / f"shard_{s:05d}.safetensors"
         batch = prompts[s * batch_size:(s + 1) * batch_size]
-        if keep_shard(path, [(p, len(p)) for p in batch], prompt_only=True):
+        if path.exists():  # holds this slot's prompts (drop_stale)
             continue
         temp = temperature if sampled_every and s % sampled_every == sampled_every - 1 else 0.0
         gen.manual_seed(seed * 100_003 + s)
@@ -175,6 +176,16 @@ def write_shards(model, tokenizer, target: str, prompts: list[list[int]], out_di
     capture.remove()
 
 
+def drop_stale(out: Path, plans: list[list[tuple[list[int], int]]], prompt_only: bool) -> None:
+    """Delete every shard that does not hold what this run plans for its slot (`plans[s]`, see `keep_shard`) before
+    any is made again: a run interrupted while it remakes them leaves missing shards, which a rerun makes, never
+    old ones whose sequences a new shard also holds (trained on twice, or held out and trained on)."""
+    for s, planned in enumerate(plans):
+        path = out / f"shard_{s:05d}.safetensors"
+        if path.exists() and not keep_shard(path, planned, prompt_only):
+            path.unlink()
+
+
 def keep_shard(path: Path, planned: list[tuple[list[int], int]], prompt_only: bool) -> bool:
     """True when the shard at `path` exists and holds the planned (sequence, prompt length) rows (`prompt_only`: the
     planned sequences are prompts, compared with the stored sequences' prompts). A count that grew changes what
@@ -186,7 +197,7 @@ def keep_shard(path: Path, planned: list[tuple[list[int], int]], prompt_only: bo
         stored = [(ids[:n], n) for ids, n in stored]
     if stored == planned:
         return True
-    log.info("%s holds other sequences than this run plans for it: making it again", path.name)
+    log.info("%s holds other sequences than this run plans for it: it will be made again", path.name)
     return False
 
 
@@ -261,10 +272,11 @@ def write_teacher_forced(model, pad: int, rows: list[tuple[list[int], list[int]]
 
     capture = Capture(model, list(cfg.layers))
     t0, done, bs = time.time(), 0, cfg.batch_size
+    drop_stale(out, [[(p + r, len(p)) for p, r in rows[s:s + bs]] for s in range(0, len(rows), bs)], False)
     for s in range(0, len(rows), bs):
         path = out / f"shard_{s // bs:05d}.safetensors"
         batch = rows[s:s + bs]
-        if keep_shard(path, [(p + r, len(p)) for p, r in batch], prompt_only=False):
+        if path.exists():  # holds this slot's sequences (drop_stale)
             continue
         res = teacher_forced_batch(model, [p + r for p, r in batch], pad, capture)
         lens = torch.tensor([0] + [len(x[0]) for x in res])

@@ -20,12 +20,14 @@ import torch
 from dflash.draft import DFlashDraftModel, DraftConfig, build_target_layer_ids, load_draft, save_draft
 from dflash.errors import ValidationError
 from dflash.training.corpus import Corpus, feature_columns, frequent_vocab, split_last_layer
-from dflash.training.fit_config import FitConfig, read_data_meta
+from dflash.training.fit_config import FitConfig, option, read_data_meta
 from dflash.training.objective import (block_attention_mask, cosine_lr, default_gamma, on_policy_prefix, partial_mask,
                                        position_weights, sample_anchors, weighted_loss)
 
 log = logging.getLogger("dflash.train")
 STATE_NAME = "trainer_state.safetensors"
+# Options that change no weight (only when it is saved, measured or run): a resume may change them; others are refused.
+FREE_ON_RESUME = ("out", "threads", "ckpt_every", "eval_every", "stop_at", "snapshot_base")
 
 
 def check_against_data(cfg: FitConfig, metas: list[dict]) -> list[int]:
@@ -45,6 +47,44 @@ def check_against_data(cfg: FitConfig, metas: list[dict]) -> list[int]:
     if cfg.init_from and not Path(cfg.init_from, "config.json").is_file():
         raise ValidationError("--init-from", f"{cfg.init_from} is not a draft directory (no config.json)")
     return ids
+
+
+def check_resume(cfg: FitConfig) -> None:
+    """Refuse an --out whose checkpoint was trained with other settings (continuing it would train a mix of two
+    runs, or fail on the weights' shapes), whose trainer state is unreadable, or that holds a draft `fit` did not
+    make (its first checkpoint would overwrite it); before the target loads."""
+    stored = stored_config(Path(cfg.out))
+    wanted = asdict(cfg)
+    for key in (k for k in wanted if k in stored and k not in FREE_ON_RESUME):
+        same = _paths(stored[key]) == _paths(wanted[key]) if key in ("data", "init_from") else stored[key] == wanted[key]
+        if not same:
+            raise ValidationError(option(key), f"the checkpoint in --out was trained with {stored[key]!r}, not "
+                                               f"{wanted[key]!r}; use the same value or another --out")
+
+
+def stored_config(out: Path) -> dict:
+    """The FitConfig (as a dict) of the run in `out`: the trainer state's, else config.json's (a state saved
+    before the state recorded it, or a run killed in its first checkpoint); {} for a new directory."""
+    from safetensors import SafetensorError, safe_open
+
+    state, config, stored = out / STATE_NAME, out / "config.json", None
+    try:
+        if state.is_file():
+            with safe_open(str(state), "pt") as f:
+                stored = json.loads(f.metadata().get("config", "null"))
+        if stored is None and config.is_file():
+            stored = json.loads(config.read_text()).get("dflash_training")
+            if stored is None:
+                raise ValidationError("--out", f"{out} holds a draft that `train fit` did not make; start from it with "
+                                               "--init-from or use another --out")
+    except (SafetensorError, json.JSONDecodeError, OSError, AttributeError) as exc:
+        raise ValidationError("--out", f"{out} holds an unreadable checkpoint ({exc}); delete it or use another --out") from None
+    return stored or {}
+
+
+def _paths(value: str) -> list[str]:
+    """Comma-separated directories, resolved: `data` and `./data/` are the same data."""
+    return [str(Path(d).resolve()) for d in value.split(",")] if value else []
 
 
 def widen_fc(weight: torch.Tensor, old_ids: list[int], new_ids: list[int]) -> torch.Tensor:
@@ -74,6 +114,7 @@ class Trainer:
 
         metas = read_data_meta(cfg.data)
         layer_ids = check_against_data(cfg, metas)  # bad options fail here, before the target loads
+        check_resume(cfg)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.cfg = cfg
@@ -256,7 +297,23 @@ class Trainer:
             for k in ("exp_avg", "exp_avg_sq"):
                 if k in st:
                     state[f"opt.{i}.{k}"] = st[k].contiguous()
-        save_file(state, str(out / STATE_NAME), metadata={"step": str(self.step)})
+        # The state is the checkpoint's commit point, written last and atomically: a kill mid-write leaves the
+        # previous state whole, and a resume from it makes the draft files again.
+        tmp = out / (STATE_NAME + ".tmp")
+        save_file(state, str(tmp), metadata={"step": str(self.step), "config": json.dumps(asdict(self.cfg))})
+        tmp.replace(out / STATE_NAME)
+
+    def trim_log(self) -> None:
+        """Drop the log rows of steps after the checkpoint (a run killed between checkpoints logged them; the
+        resumed run logs them again), so the log holds each step once."""
+        if not self.log_path.is_file():
+            return
+        rows = self.log_path.read_text().splitlines(keepends=True)
+        keep = [r for r in rows if r.endswith("\n") and json.loads(r)["step"] <= self.step]  # no half-written row
+        if len(keep) != len(rows):
+            tmp = self.log_path.with_suffix(".tmp")
+            tmp.write_text("".join(keep))
+            tmp.replace(self.log_path)
 
     def log_start(self) -> None:
         """One line per start or resume in runs.jsonl: the machine (CPU flags), the config and the corpus size."""
@@ -297,10 +354,12 @@ class Trainer:
         Path(self.cfg.out).mkdir(parents=True, exist_ok=True)
         if self.load():
             log.info("resumed at step %d", self.step)
+        self.trim_log()
         self.log_start()
-        bar = tqdm(total=self.cfg.steps, initial=self.step, disable=not progress, desc="fit")
         t0, start = time.time(), self.step
-        with self.log_path.open("a") as logf:
+        # `with` closes the bar on Ctrl-C too, so the CLI's "interrupted" gets a line of its own.
+        with tqdm(total=self.cfg.steps, initial=self.step, disable=not progress, desc="fit") as bar, \
+                self.log_path.open("a") as logf:
             while self.step < (self.cfg.stop_at or self.cfg.steps):
                 m = self.train_step()
                 m["s_per_step"] = (time.time() - t0) / (self.step - start)
@@ -311,9 +370,10 @@ class Trainer:
                     log.info("step %d loss %.3f acc %.3f tau_tf %.3f", self.step, m["loss"], m["acc"], m["tau_tf"])
                 logf.write(json.dumps(m) + "\n")
                 logf.flush()
-                if self.step % self.cfg.ckpt_every == 0 or self.step in (self.cfg.steps, self.cfg.stop_at):
-                    self.save()
+                # The snapshot before the checkpoint: a run killed between or while writing them resumes from the
+                # previous checkpoint and writes this step's snapshot again (one resumed from this step never would).
                 last = self.cfg.snapshot_base and self.step in (self.cfg.steps, self.cfg.stop_at)
                 if last or is_snapshot_step(self.step, self.cfg.snapshot_base):
                     self.save_snapshot()
-        bar.close()
+                if self.step % self.cfg.ckpt_every == 0 or self.step in (self.cfg.steps, self.cfg.stop_at):
+                    self.save()

@@ -56,10 +56,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     # float32: the exact mode, so "identical" counts outputs equal to the no-draft loop's token for token.
     engine, info = load_engine(args.preset, draft=args.draft, dtype="float32", threads=args.threads)
-    bar = tqdm(total=len(prompts), desc=f"eval {args.prompts}", disable=args.quiet)
-    res = evaluate_draft(engine, prompts, args.max_new_tokens, args.block_size, args.steps, not args.no_baseline,
-                         on_prompt=lambda _row: bar.update(1), temperature=args.temperature, seed=args.seed)
-    bar.close()
+    with tqdm(total=len(prompts), desc=f"eval {args.prompts}", disable=args.quiet) as bar:  # closed on Ctrl-C too
+        res = evaluate_draft(engine, prompts, args.max_new_tokens, args.block_size, args.steps, not args.no_baseline,
+                             on_prompt=lambda _row: bar.update(1), temperature=args.temperature, seed=args.seed)
     rows = res.pop("rows")
     out = {"prompts": args.prompts, "draft": info.get("draft"), "max_new_tokens": args.max_new_tokens,
            "block_size": args.block_size, "steps": args.steps, "temperature": args.temperature, **res,
@@ -72,7 +71,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def add_stages(stages) -> None:
-    f = stages.add_parser("fit", help="train the draft on a data directory (resumes from --out)")
+    f = stages.add_parser("fit", help="train the draft on a data directory (resumes from --out with the same settings)")
     f.add_argument("--data", required=True)
     f.add_argument("--out", required=True)
     for fld in fields(FitConfig):
