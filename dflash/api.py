@@ -102,15 +102,20 @@ class DFlashModel:
         the model's latest; None before the first."""
         return getattr(self._mine, "result", self._last)
 
-    def stream(self, prompt: str, cancel: threading.Event | None = None, **kw: Any) -> Iterator:
-        """The events of one run (dflash.events). `cancel`, set from any thread, stops it after the current block."""
-        return self.engine.stream(self.config.request(prompt=prompt, **kw), cancel)
+    def stream(self, prompt: str, max_new_tokens: int = 512, temperature: float = 0.0, top_p: float = 1.0,
+               top_k: int = 0, seed: int = 0, cancel: threading.Event | None = None, **kw: Any) -> Iterator:
+        """The events of one run (dflash.events), with `generate`'s defaults. `cancel`, set from any thread, stops it
+        after the current block."""
+        return self.engine.stream(self._request(prompt, max_new_tokens, temperature, top_p, top_k, seed, kw), cancel)
 
     def generate(self, prompt: str, max_new_tokens: int = 512, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, seed: int = 0, cancel: threading.Event | None = None, **kw: Any) -> str:
         """Returns the generated text (the statistics are in `self.last_result`). `cancel` as in `stream`."""
-        result = self.engine.generate(self.config.request(prompt=prompt, max_new_tokens=max_new_tokens,
-                                                          temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                                                          **kw), cancel)
+        result = self.engine.generate(self._request(prompt, max_new_tokens, temperature, top_p, top_k, seed, kw), cancel)
         self._mine.result = self._last = result
         return result.text
+
+    def _request(self, prompt: str, max_new_tokens: int, temperature: float, top_p: float, top_k: int, seed: int,
+                 kw: dict[str, Any]) -> Request:
+        return self.config.request(prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                   top_k=top_k, seed=seed, **kw)

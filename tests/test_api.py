@@ -89,6 +89,18 @@ def test_stop_from_another_thread(engine):
     assert model.last_result.finish_reason == "cancelled" and len(model.last_result.output_ids) == 1
 
 
+def test_stream_and_generate_share_their_defaults(engine):
+    """model.stream(prompt) runs what model.generate(prompt) runs (before, stream took the Request's 128 new tokens
+    where generate takes 512)."""
+    model = DFlashModel(DFlashConfig(block_size=2), engine)
+    for call in (model.stream, model.generate):  # 512 new tokens do not fit this tiny target's context: both say so
+        with pytest.raises(ValidationError, match=r"max_new_tokens \(512\)"):
+            call("", prompt_ids=(5, 6, 7))
+    streamed = list(model.stream("", prompt_ids=(5, 6, 7), max_new_tokens=24))[-1]
+    model.generate("", prompt_ids=(5, 6, 7), max_new_tokens=24)
+    assert streamed.output_ids == model.last_result.output_ids
+
+
 def test_two_threads_each_see_their_own_last_result(engine):
     """Two threads share one model: each one reads its own call's last_result (before: whichever call finished last,
     so a thread could read another's statistics)."""
