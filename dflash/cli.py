@@ -79,17 +79,10 @@ def check_model_args(args: argparse.Namespace) -> None:
     """Option errors found before any model loads: one line naming the option, exit status 2."""
     if args.threads is not None and args.threads < 1:
         raise ValidationError("--threads", f"must be >= 1, got {args.threads}")
-    if args.device:
-        import torch  # only here: the other checks answer before torch is imported
+    if args.device:  # the loader's own check (it imports torch: only when a device is named)
+        from dflash.load import pick_device
 
-        try:
-            kind = torch.device(args.device).type
-        except (RuntimeError, ValueError):
-            raise ValidationError("--device", f"unknown device {args.device!r}; use cpu, cuda or cuda:N") from None
-        if kind not in ("cpu", "cuda"):
-            raise ValidationError("--device", f"{args.device!r} is not supported; use cpu, cuda or cuda:N")
-        if kind == "cuda" and not torch.cuda.is_available():
-            raise ValidationError("--device", "CUDA is not available on this machine; use --device cpu")
+        pick_device(args.device)
 
 
 def engine_from_args(args: argparse.Namespace):

@@ -156,7 +156,7 @@ def write_shards(model, tokenizer, target: str, prompts: list[list[int]], out_di
     drop_stale(out, [[(p, len(p)) for p in prompts[s:s + batch_size]] for s in range(0, len(prompts), batch_size)], True)
     t0, done_tokens = time.time(), 0
     for s in range(n_shards):
-        path = out / f"shard_{s:05d}.safetensors"
+        path = shard_path(out, s)
         batch = prompts[s * batch_size:(s + 1) * batch_size]
         if path.exists():  # holds this slot's prompts (drop_stale)
             continue
@@ -176,12 +176,16 @@ def write_shards(model, tokenizer, target: str, prompts: list[list[int]], out_di
     capture.remove()
 
 
+def shard_path(out: Path, s: int) -> Path:
+    return out / f"shard_{s:05d}.safetensors"
+
+
 def drop_stale(out: Path, plans: list[list[tuple[list[int], int]]], prompt_only: bool) -> None:
     """Delete every shard that does not hold what this run plans for its slot (`plans[s]`, see `keep_shard`) before
     any is made again: a run interrupted while it remakes them leaves missing shards, which a rerun makes, never
     old ones whose sequences a new shard also holds (trained on twice, or held out and trained on)."""
     for s, planned in enumerate(plans):
-        path = out / f"shard_{s:05d}.safetensors"
+        path = shard_path(out, s)
         if path.exists() and not keep_shard(path, planned, prompt_only):
             path.unlink()
 
@@ -274,7 +278,7 @@ def write_teacher_forced(model, pad: int, rows: list[tuple[list[int], list[int]]
     t0, done, bs = time.time(), 0, cfg.batch_size
     drop_stale(out, [[(p + r, len(p)) for p, r in rows[s:s + bs]] for s in range(0, len(rows), bs)], False)
     for s in range(0, len(rows), bs):
-        path = out / f"shard_{s // bs:05d}.safetensors"
+        path = shard_path(out, s // bs)
         batch = rows[s:s + bs]
         if path.exists():  # holds this slot's sequences (drop_stale)
             continue
