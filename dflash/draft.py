@@ -19,10 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash.errors import ModelLoadError
+from dflash.registry import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-VOCAB_NAME = "draft_vocab.safetensors"  # our extension: restricted draft vocabulary (FR-Spec style)
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -284,7 +282,11 @@ def load_draft(directory: str | Path, dtype: torch.dtype = torch.float32, device
         raise ModelLoadError(f"draft: no {CONFIG_NAME} in the draft directory")
     if not (directory / WEIGHTS_NAME).is_file():
         raise ModelLoadError(f"draft: weights must be {WEIGHTS_NAME} (safetensors); other formats are refused")
-    cfg = DraftConfig.from_hf_dict(json.loads((directory / CONFIG_NAME).read_text()))
+    try:
+        cfg = DraftConfig.from_hf_dict(json.loads((directory / CONFIG_NAME).read_text()))
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # not JSON, a missing key, a value out of range
+        why = f"no {exc} entry" if isinstance(exc, KeyError) else str(exc)
+        raise ModelLoadError(f"draft: {CONFIG_NAME} is not a valid DFlash draft config: {why}") from None
     model = DFlashDraftModel(cfg)
     state = load_file(str(directory / WEIGHTS_NAME))
     state = {k.removeprefix("model."): v for k, v in state.items()}

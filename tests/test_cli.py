@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -106,6 +107,20 @@ def test_unwritable_trace_fails_before_the_model_loads(models):
 def test_a_draft_for_another_target_is_refused_with_its_reason(models):
     proc = generate("--target", str(models / "target"), "--draft", str(models / "wrong-draft"), "--prompt-ids", "1,2")
     assert_option_error(proc, "draft: hidden size 32")
+
+
+@pytest.mark.parametrize("config,says", [
+    ("{", "config.json is not a valid DFlash draft config: Expecting property name"),
+    ("{}", "config.json is not a valid DFlash draft config: no 'hidden_size' entry"),
+    ("[]", "config.json is not a valid DFlash draft config"),
+])
+def test_a_draft_whose_config_is_not_a_drafts_is_refused_in_one_line(models, tmp_path, config, says):
+    """A hand-edited or truncated config.json was a traceback (ValueError / KeyError from inside the config)."""
+    draft = tmp_path / "draft"
+    shutil.copytree(models / "draft", draft)
+    (draft / "config.json").write_text(config)
+    proc = generate("--target", str(models / "target"), "--draft", str(draft), "--prompt-ids", "1,2")
+    assert_option_error(proc, f"draft: {says}")
 
 
 def test_json_output_and_trace_of_a_normal_run(models, tmp_path):

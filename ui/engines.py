@@ -19,6 +19,7 @@ capture hooks form reference cycles) and, on CUDA, its cached blocks are returne
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import logging
 import os
@@ -35,7 +36,7 @@ from dflash.errors import BusyError, ModelLoadError, ValidationError
 from dflash.registry import PRESETS, draft_block_size, get_preset
 from dflash.request import Request
 from ui import torch_thread
-from ui.text import NO_DRAFT_NOTICE, draft_notice
+from ui.text import NO_DRAFT_NOTICE, draft_notice, local_draft_notice
 
 log = logging.getLogger("dflash.ui")
 
@@ -60,13 +61,18 @@ def offered_presets(setting: str | None, cuda: bool) -> list[str]:
     return [p for p in PRESETS if p == "default" or p in names]
 
 
-def load_preset(name: str) -> tuple[Engine, str]:
-    """The app's loader: registry presets only; the default falls back to no draft while none is trained."""
+def load_preset(name: str, default_draft: str | None = None) -> tuple[Engine, str]:
+    """The app's loader: registry presets only; the default falls back to no draft while none is trained.
+    default_draft: the operator's draft directory for the default target (`dflash-playground --draft`), instead of
+    the shipped one; it must exist (no fallback: the operator asked for that draft)."""
     from dflash.load import default_draft_available, load_engine
 
     preset = get_preset(name)
     if preset.gpu_recommended and not torch.cuda.is_available():
         raise ModelLoadError(f"preset {name!r} needs a CUDA GPU and Hugging Face hub access; this server has no GPU")
+    if name == "default" and default_draft is not None:
+        engine, _ = load_engine(name, draft=default_draft)
+        return engine, local_draft_notice(default_draft)
     if name == "default" and not default_draft_available(preset.draft):
         engine, _ = load_engine(name, no_draft=True)
         return engine, NO_DRAFT_NOTICE
@@ -91,15 +97,18 @@ class EngineProvider:
 
     offered: the presets visitors may load besides the default (None: `DFLASH_PRESETS` for the registry loader,
     every registry preset for a given loader, the given engines for a dict). swap_interval_s: see the module
-    docstring (None: SWAP_INTERVAL_S for the registry loader, 0 otherwise)."""
+    docstring (None: SWAP_INTERVAL_S for the registry loader, 0 otherwise). default_draft: the registry loader's
+    draft directory for the default preset (None: the shipped draft)."""
 
     def __init__(self, engines: Mapping[str, Engine] | Loader | None = None, notices: Mapping[str, str] | None = None,
-                 *, offered: Iterable[str] | None = None, swap_interval_s: float | None = None):
+                 *, offered: Iterable[str] | None = None, swap_interval_s: float | None = None,
+                 default_draft: str | None = None):
         self._engines: dict[str, Engine] = {}
         self._notices: dict[str, str] = dict(notices or {})
         self._loader: Loader | None = None
+        self._default_draft = default_draft if engines is None else None
         if engines is None:
-            self._loader = load_preset
+            self._loader = functools.partial(load_preset, default_draft=default_draft)
             if offered is None:
                 offered = offered_presets(os.environ.get(PRESETS_ENV), torch.cuda.is_available())
             swap_interval_s = SWAP_INTERVAL_S if swap_interval_s is None else swap_interval_s
@@ -133,6 +142,8 @@ class EngineProvider:
         engine = self._engines.get(name)
         if engine is not None:
             return engine.trained_block_size
+        if name == "default" and self._default_draft is not None:
+            return draft_block_size(dataclasses.replace(PRESETS[name], draft=self._default_draft))
         return draft_block_size(PRESETS[name]) if name in PRESETS else None
 
     def check(self, name: Any) -> None:

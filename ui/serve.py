@@ -3,21 +3,57 @@
 GRADIO_SERVER_PORT changes the port; Hugging Face Spaces sets GRADIO_SERVER_NAME=0.0.0.0. Loads the default
 preset (SmolLM2-135M-Instruct + our DFlash draft) before serving, so the first visitor does not wait; on a Space
 (or with DFLASH_AUTO_INSTALL=1) it first installs the default target's GGUF package if missing (ui/space_setup.py).
-DFLASH_THREADS sets torch's CPU threads. DFLASH_PRESETS lists the presets visitors may load besides the default
-(comma-separated registry names, or "all" for every preset this host can run; unset: the default only), see
-ui/engines.py for how their loads are bounded.
+`--draft DIR` (or DFLASH_DRAFT) serves the default target with another draft directory, e.g. one that
+`python -m dflash train fit --out DIR` wrote. DFLASH_THREADS sets torch's CPU threads. DFLASH_PRESETS lists the
+presets visitors may load besides the default (comma-separated registry names, or "all" for every preset this host
+can run; unset: the default only), see ui/engines.py for how their loads are bounded.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
+import sys
+from pathlib import Path
+
+DRAFT_ENV = "DFLASH_DRAFT"
+PROG = "dflash-playground"
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line, checked before torch is imported: a wrong --draft answers at once."""
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Serve the DFlash playground on http://127.0.0.1:7860 (GRADIO_SERVER_PORT: another port).",
+        epilog="Environment: DFLASH_THREADS (torch's CPU threads), DFLASH_DTYPE (float32 | bfloat16), DFLASH_PRESETS "
+               "(presets visitors may load besides the default, or 'all'), DFLASH_DRAFT (as --draft).")
+    parser.add_argument("--draft", metavar="DIR", default=os.environ.get(DRAFT_ENV) or None,
+                        help="serve the default target with this DFlash draft directory (config.json + "
+                             "model.safetensors, e.g. what `python -m dflash train fit --out DIR` wrote) instead of "
+                             "the shipped draft")
+    args = parser.parse_args(argv)
+    if args.draft is not None:
+        problem = draft_dir_problem(Path(args.draft))
+        if problem:
+            parser.error(f"--draft: {problem}")
+    return args
+
+
+def draft_dir_problem(path: Path) -> str:
+    """Why `path` cannot be a draft directory ("" when it may be one; the load checks the rest)."""
+    from dflash.registry import CONFIG_NAME, WEIGHTS_NAME  # torch-free
+
+    if not path.is_dir():
+        return f"{path} is not a directory"
+    missing = [name for name in (CONFIG_NAME, WEIGHTS_NAME) if not (path / name).is_file()]
+    return f"{path} has no {' or '.join(missing)} (a draft directory holds both)" if missing else ""
+
+
+def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home (offline machines, privacy)
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from dflash.errors import ValidationError
+    from dflash.errors import DFlashError, ValidationError
     from dflash.host import env_threads
     from ui import build_demo, launch_kwargs
     from ui.engines import EngineProvider
@@ -25,14 +61,22 @@ def main() -> None:
 
     try:
         threads = env_threads()
-        provider = EngineProvider()  # registry presets only: the default and the operator's DFLASH_PRESETS
+        # registry presets only: the default (with the operator's --draft, if given) and DFLASH_PRESETS
+        provider = EngineProvider(default_draft=args.draft)
     except ValidationError as exc:  # a bad DFLASH_THREADS or DFLASH_PRESETS: one line naming it, no traceback
-        raise SystemExit(f"dflash-playground: {exc}") from None
+        raise SystemExit(f"{PROG}: {exc}") from None
     if threads:
         import torch
 
         torch.set_num_threads(threads)
 
     prepare_default_target()  # before any load, and before ZeroGPU forks its worker (which inherits sys.path)
-    provider.get("default")
+    try:
+        provider.get("default")
+    except DFlashError as exc:  # e.g. a --draft made for another target: one line, no traceback
+        message = str(exc)
+        if args.draft is not None and message.startswith("draft: "):
+            print(f"{PROG}: error: --draft: {message.removeprefix('draft: ')}", file=sys.stderr)
+            raise SystemExit(2) from None
+        raise SystemExit(f"{PROG}: {message}") from None
     build_demo(provider).launch(**launch_kwargs())

@@ -49,6 +49,14 @@ NO_DRAFT_NOTICE = ("**No trained draft is installed yet** (`assets/draft-smollm2
                    "the target **alone** — plain autoregressive decoding, one token per step, τ = 1. The draft controls are "
                    "ignored until the trained draft is added; the bundled traces below still show DFlash blocks.")
 
+def local_draft_notice(directory: str) -> str:
+    """The notice for a draft the operator chose (`dflash-playground --draft DIR`): its folder's name only (the rest of
+    the server's path is not the visitors' business), as a code span (no Markdown or HTML in a folder name acts)."""
+    name = (Path(directory).resolve().name or str(directory)).replace("`", "'")
+    return (f"**Draft: `{name}`**, chosen by this server's operator (not the shipped draft). Its τ shows in the "
+            "statistics after each run; press **Compare with autoregressive** to measure its speed here.")
+
+
 def draft_notice(evaluation_file: Path) -> str:
     """The default draft's measured standing, from the evaluation file the training report writes (no typed numbers):
     its τ on MT-Bench and, on the CPU it was measured on, DFlash's speed against plain decoding."""

@@ -1,0 +1,127 @@
+"""`python app.py` (ui/serve.py) as an operator starts it: `--draft DIR` serves the default target with a draft the
+operator trained, and every wrong --draft is one line naming it, exit status 2, before anything is served."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dflash.registry import DEFAULT_DRAFT_DIR
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "DFLASH_AUTO_INSTALL": "0"}
+ENV.pop("SPACE_ID", None)
+ENV.pop("DFLASH_DRAFT", None)
+
+
+def serve(*argv: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "app.py", *argv], cwd=ROOT, env=env or ENV, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def assert_draft_error(proc: subprocess.CompletedProcess, says: str) -> None:
+    """Exit status 2, no traceback, the last line `dflash-playground: error: --draft: …` containing `says`."""
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("dflash-playground: error: --draft: ") and says in last, proc.stderr
+
+
+def copy_of_the_shipped_draft(path: Path, dflash: dict | None = None, **config) -> Path:
+    """The shipped draft's files in `path`, its config.json changed by `config` (and its `dflash_config` by
+    `dflash`)."""
+    shutil.copytree(DEFAULT_DRAFT_DIR, path)
+    doc = json.loads((path / "config.json").read_text())
+    doc["dflash_config"].update(dflash or {})
+    (path / "config.json").write_text(json.dumps({**doc, **config}))
+    return path
+
+
+def folder(path: Path, *files: str) -> Path:
+    path.mkdir()
+    for name in files:
+        (path / name).write_text("{}")
+    return path
+
+
+@pytest.mark.parametrize("make,says", [
+    (lambda tmp: tmp / "no such dir", "is not a directory"),
+    (lambda tmp: folder(tmp / "empty"), "has no config.json or model.safetensors"),
+    (lambda tmp: folder(tmp / "config only", "config.json"), "has no model.safetensors"),
+])
+def test_a_wrong_draft_directory_is_named_at_once(tmp_path, make, says):
+    """Checked before torch or Gradio is imported: with a `torch` that cannot be imported, the answer is the same."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('torch was imported')\n")
+    path = make(tmp_path)
+    assert_draft_error(serve("--draft", str(path), env={**ENV, "PYTHONPATH": str(tmp_path)}), says)
+    # DFLASH_DRAFT is the same setting, for hosts where the operator sets variables rather than arguments.
+    env = {**ENV, "PYTHONPATH": str(tmp_path), "DFLASH_DRAFT": str(path)}
+    assert_draft_error(serve(env=env), says)
+
+
+def test_help_lists_the_option_and_the_environment():
+    proc = serve("--help")
+    assert proc.returncode == 0 and "--draft DIR" in proc.stdout
+    assert all(name in proc.stdout for name in ("DFLASH_THREADS", "DFLASH_PRESETS", "DFLASH_DTYPE", "DFLASH_DRAFT"))
+
+
+@pytest.mark.slow
+def test_a_draft_made_for_another_target_is_refused_before_serving(tmp_path):
+    """A draft for a deeper target (it reads layer 35 of 40), and one whose config.json is not a draft's."""
+    draft = copy_of_the_shipped_draft(tmp_path / "deeper", {"target_layer_ids": [1, 15, 35]}, num_target_layers=40)
+    assert_draft_error(serve("--draft", str(draft)), "target_layer_ids [35] do not exist in the target (30 layers)")
+    (draft / "config.json").write_text("{}")
+    assert_draft_error(serve("--draft", str(draft)), "config.json is not a valid DFlash draft config: no 'hidden_size' entry")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_the_playground_serves_the_operators_draft(tmp_path):
+    """A copy of the shipped draft told it was trained on blocks of 4 (a folder name with a space and markup): the
+    page says which draft it serves (the folder's name only, as text), the block-size slider starts at 4, and a
+    Generate over HTTP runs that draft."""
+    from gradio_client import Client
+
+    from tests.test_app_api import args, named
+    from ui.replay import parse_trace
+
+    draft = copy_of_the_shipped_draft(tmp_path / "my <i>draft", block_size=4)
+    port = free_port()
+    env = {**ENV, "GRADIO_SERVER_PORT": str(port), "DFLASH_PROBE": "0"}
+    proc = subprocess.Popen([sys.executable, "app.py", "--draft", str(draft)], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        lines = []
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            lines.append(proc.stdout.readline())
+            if "Running on local URL" in lines[-1]:
+                break
+        assert "Running on local URL" in lines[-1], "".join(lines)
+        client = Client(f"http://127.0.0.1:{port}", verbose=False, download_files=str(tmp_path / "downloads"))
+        props = {c["props"].get("elem_id"): c["props"] for c in client.config["components"] if "props" in c}
+        assert props["notice"]["value"].startswith("**Draft: `my <i>draft`**, chosen by this server's operator")
+        assert str(tmp_path) not in props["notice"]["value"]  # the server's own path stays private
+        assert props["block-size"]["value"] == 4
+        final = named(client.predict(*args(max_new_tokens=24, block_size=4), api_name="/generate"))
+        trace = parse_trace(Path(final["export_trace"]).read_text(encoding="utf-8"))
+        started = trace.events[0]
+        assert started.has_draft and started.trained_block_size == 4 and started.request["use_draft"]
+        assert "Finished (length)" in final["status"] and "τ" in final["status"]
+        client.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
