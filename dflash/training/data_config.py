@@ -159,7 +159,9 @@ def write_meta(out_dir: str | Path, settings: dict, model_config) -> None:
     """meta.json: the settings (checked by `check_resume` first) and what the corpus reader needs of the target."""
     meta = {**settings, "hidden_size": model_config.hidden_size, "num_target_layers": model_config.num_hidden_layers,
             "vocab_size": model_config.vocab_size}
-    Path(out_dir, "meta.json").write_text(json.dumps(meta, indent=2))
+    tmp = Path(out_dir, "meta.json.tmp")  # written whole, then renamed: a kill mid-write leaves the old one intact
+    tmp.write_text(json.dumps(meta, indent=2))
+    tmp.replace(Path(out_dir, "meta.json"))
 
 
 def stored_rows(path: Path) -> list[tuple[list[int], int]]:
