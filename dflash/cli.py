@@ -8,9 +8,11 @@ import json
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from dflash.adaptive import POLICIES
 from dflash.errors import DFlashError, ValidationError
+from dflash.registry import draft_dir_problem, looks_like_hub_id
 
 # Subcommands living in their own packages: module path → function adding the parser.
 SUBCOMMANDS = {"bench": "dflash.bench.cli", "train": "dflash.training.cli", "draft": "dflash.export"}
@@ -75,8 +77,27 @@ def draft_only_options(args: argparse.Namespace) -> list[str]:
     return ["--" + k.replace("_", "-") for k in DRAFT_ONLY if getattr(args, k) != args._parser.get_default(k)]
 
 
+def check_output_path(param: str, path: str | Path, shown: str | None = None) -> None:
+    """A file a command writes once its work is done (a result, a table), checked before any model loads, not after
+    the work. `shown`: how the message names the path (default: as given)."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise ValidationError(param, f"directory {str(path.parent)!r} does not exist")
+    if path.is_dir():
+        raise ValidationError(param, f"{shown or path} is a directory; give a file path")
+
+
+def check_draft_option(args: argparse.Namespace) -> None:
+    """A --draft naming a local folder that cannot be a draft, named before any model loads (the loader said it only
+    after the target had loaded). A hub id (owner/name, not an existing path) is left to the loader."""
+    draft = getattr(args, "draft", None)
+    if draft and not looks_like_hub_id(draft) and (problem := draft_dir_problem(draft)):
+        raise ValidationError("draft", problem)
+
+
 def check_model_args(args: argparse.Namespace) -> None:
     """Option errors found before any model loads: one line naming the option, exit status 2."""
+    check_draft_option(args)
     if args.threads is not None and args.threads < 1:
         raise ValidationError("--threads", f"must be >= 1, got {args.threads}")
     if args.device:  # the loader's own check (it imports torch: only when a device is named)

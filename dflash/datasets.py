@@ -1,5 +1,6 @@
 """Prompt sets read from installed packages (no hub access): ShareGPT (train / held-out split), MT-Bench first
-turns, HumanEval prompts, or a JSONL file with a "prompt" (or "turns"/"text") field per line."""
+turns, HumanEval prompts, or a JSONL file with a "prompt" (or "turns"/"text") field per line, or "prompt_ids"
+on every line (token ids used as they are)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import gzip
 import hashlib
 import importlib.util
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from dflash.errors import ValidationError
@@ -135,16 +137,67 @@ def jsonl_rows(path: str | Path) -> list[tuple[int, dict]]:
     return out
 
 
-def row_text(row: dict) -> str | None:
-    """A JSONL row's prompt text: "prompt", the first of "turns" (MT-Bench's layout) or "text"."""
-    return row.get("prompt") or (row.get("turns") or [None])[0] or row.get("text")
+@dataclass(frozen=True)
+class PromptRow:
+    """One prompt of a set: text (the chat template is applied later) or token ids used as they are."""
+    line: int | None  # its line in a JSONL file (None: a named set)
+    text: str | None  # None when a JSONL row gives token ids only
+    ids: list[int] | None = None  # a JSONL row's prompt_ids (None: text)
 
 
-def jsonl_prompts(path: str) -> list[str]:
-    p = Path(path)
-    if p.suffix != ".jsonl" or not p.is_file():
-        raise ValidationError("prompts", f"expected one of {', '.join(PROMPT_SETS)} or an existing .jsonl file")
-    return [t for _, row in jsonl_rows(p) if (t := row_text(row))]
+TEXT_FIELDS = ("prompt", "turns", "text")  # where a JSONL row's text may be; the first present is used
+MIXED = "a file's rows must be all text or all token ids"
+
+
+def row_text(line: int, row: dict) -> str:
+    """A text row's prompt: "prompt", the first of "turns" (MT-Bench's layout) or "text". A row without one, or
+    with an empty one, is refused naming its line: dropped, it would leave the set shorter than the file."""
+    key = next((k for k in TEXT_FIELDS if k in row), None)
+    if key is None:
+        has = ", ".join(json.dumps(k) for k in row) or "no fields"
+        raise ValidationError("prompts", f'line {line}: no prompt text: a row needs "prompt" (or "turns" / "text") '
+                                         f'or "prompt_ids"; this one has {has}')
+    value = row[key]
+    if key == "turns":
+        if not isinstance(value, list) or not value:
+            raise ValidationError("prompts", f'line {line}: "turns" must be a non-empty list of strings')
+        key, value = "turns[0]", value[0]
+    if not isinstance(value, str):
+        raise ValidationError("prompts", f'line {line}: "{key}" must be a non-empty string, got {type(value).__name__}')
+    if not value.strip():
+        raise ValidationError("prompts", f'line {line}: "{key}" is empty')
+    return value
+
+
+def row_ids(line: int, row: dict) -> list[int]:
+    ids = row["prompt_ids"]
+    if not isinstance(ids, list) or not ids or not all(type(t) is int and t >= 0 for t in ids):
+        raise ValidationError("prompts", f"line {line}: prompt_ids must be a non-empty list of token ids")
+    return list(ids)
+
+
+def jsonl_prompts(path: str | Path) -> list[PromptRow]:
+    """Every row of a JSONL file, checked: text rows, or prompt_ids rows (their "prompt" is only a label)."""
+    rows = jsonl_rows(path)
+    return [_prompt_row(n, row, rows[0]) for n, row in rows]
+
+
+def _prompt_row(n: int, row: dict, first_row: tuple[int, dict]) -> PromptRow:
+    """The first row decides the file's kind: a row of the other kind is named as such, not read as a broken row."""
+    ids = "prompt_ids" in row
+    if ids != ("prompt_ids" in first_row[1]):
+        this, other = ("prompt_ids", "prompt text") if ids else ("no prompt_ids", "prompt_ids")
+        raise ValidationError("prompts", f"line {n}: {this}, but line {first_row[0]} gives {other}: {MIXED}")
+    if not ids:
+        return PromptRow(n, row_text(n, row))
+    label = row.get("prompt")
+    return PromptRow(n, label if isinstance(label, str) else None, row_ids(n, row))
+
+
+def check_prompt_spec(spec: str) -> None:
+    """A prompt set's name or a JSONL file's path, checked without reading it (a typo answers before a model loads)."""
+    if spec not in PROMPT_SETS and not (spec.endswith(".jsonl") and Path(spec).is_file()):
+        raise ValidationError("prompts", f"expected one of {', '.join(PROMPT_SETS)} or an existing .jsonl file, got {spec!r}")
 
 
 def first(items: list, limit: int | None) -> list:
@@ -155,9 +208,22 @@ def first(items: list, limit: int | None) -> list:
     return items if limit is None else items[:limit]
 
 
-def load_prompts(name: str, limit: int | None = None) -> list[str]:
-    """The first `limit` prompts of a named set or a JSONL file (None: all of them)."""
+def prompt_rows(spec: str, limit: int | None = None) -> list[PromptRow]:
+    """The first `limit` prompts (None: all) of a named set or a JSONL file, every row checked; a set that gives
+    none is refused. Needs no model: commands call it before any loads."""
     first([], limit)  # a bad limit fails before a large set is read
+    check_prompt_spec(spec)
     table = {"mt-bench": mtbench_prompts, "humaneval": humaneval_prompts,
              "sharegpt-heldout": lambda: sharegpt_prompts("heldout"), "sharegpt-train": lambda: sharegpt_prompts("train")}
-    return first(table[name]() if name in table else jsonl_prompts(name), limit)
+    rows = [PromptRow(None, t) for t in table[spec]()] if spec in table else jsonl_prompts(spec)
+    if not rows:
+        raise ValidationError("prompts", f"{spec} gave no prompts")
+    return first(rows, limit)
+
+
+def load_prompts(name: str, limit: int | None = None) -> list[str]:
+    """The first `limit` prompt texts of a named set or a JSONL file (None: all of them)."""
+    rows = prompt_rows(name, limit)
+    if rows[0].ids is not None:
+        raise ValidationError("prompts", f"line {rows[0].line}: prompt_ids: this command needs prompt text (\"prompt\")")
+    return [r.text for r in rows]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,6 +28,8 @@ from dflash.registry import DEFAULT_DRAFT_DIR
 
 if TYPE_CHECKING:  # torch and dflash.draft load where used: building the CLI's parser must not import torch
     import torch
+
+    from dflash.draft import DraftConfig
 
 TARGETS = ("vllm", "sglang", "full-head")
 OUR_CONFIG_KEYS = ("dflash_training",)  # written by our trainer; no server reads them
@@ -55,7 +58,7 @@ def export_draft(draft: Path, server: str, out: Path, target: Path | None = None
     """Write the export (see the module docstring). Returns {"form": "draft-vocab" | "full-head", ...}."""
     if server not in TARGETS:
         raise ValidationError("--for", f"must be one of {', '.join(TARGETS)}, got {server!r}")
-    config, vocab, block = _read_draft(draft)
+    config, vocab, draft_cfg = _read_draft(draft)
     last = config.get("num_target_layers", 0) - 1
     if last in (config.get("dflash_config") or {}).get("target_layer_ids", []):
         raise ValidationError("--draft", f"fuses the target's last layer ({last}), which vLLM cannot serve: it reads a "
@@ -67,6 +70,8 @@ def export_draft(draft: Path, server: str, out: Path, target: Path | None = None
     if mapped and target is None:
         raise ValidationError("--target", "needed by --for vllm: the draft vocabulary's LM-head rows are the target's; "
                                           "give the target's Hugging Face directory, or use --for full-head")
+    if mapped:
+        _check_fits(draft_cfg, target, vocab)
     head = _target_head_rows(target, vocab, config) if mapped else None
     _check_out(out)
     config = {k: v for k, v in config.items() if k not in OUR_CONFIG_KEYS}
@@ -75,14 +80,14 @@ def export_draft(draft: Path, server: str, out: Path, target: Path | None = None
     try:
         out.mkdir(parents=True, exist_ok=True)
         _write(draft, out, config, vocab if mapped else None, head)
-        (out / "README.md").write_text(_readme(config, server, mapped, draft, block))
+        (out / "README.md").write_text(_readme(config, server, mapped, draft, draft_cfg.block_size))
     except OSError as exc:
         raise ValidationError("--out", f"cannot write {out}: {exc.strerror or exc}") from None
     return {"form": "draft-vocab" if mapped else "full-head", "draft_vocab_size": len(vocab) if mapped else None}
 
 
-def _read_draft(draft: Path) -> tuple[dict, torch.Tensor | None, int]:
-    """(config.json as written, draft vocabulary ids or None, block size), after checking the draft loads."""
+def _read_draft(draft: Path) -> tuple[dict, torch.Tensor | None, DraftConfig]:
+    """(config.json as written, draft vocabulary ids or None, its DraftConfig), after checking the draft loads."""
     if not draft.is_dir():
         raise ValidationError("--draft", f"{draft} is not a directory")
     from dflash.draft import CONFIG_NAME, load_draft
@@ -94,7 +99,21 @@ def _read_draft(draft: Path) -> tuple[dict, torch.Tensor | None, int]:
         raise ValidationError("--draft", str(exc).removeprefix("draft: ")) from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValidationError("--draft", f"{draft} is not a readable draft ({type(exc).__name__})") from None
-    return config, vocab, model.config.block_size
+    return config, vocab, model.config
+
+
+def _check_fits(cfg: DraftConfig, target: Path, vocab: torch.Tensor) -> None:
+    """The draft against the target's config.json (the checks the engine makes at load: a draft for another target
+    would export without complaint and fail in the server)."""
+    try:
+        t = json.loads((target / "config.json").read_text())
+        shape = (int(t["hidden_size"]), int(t["num_hidden_layers"]), int(t["vocab_size"]))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValidationError("--target", f"{target} is not a readable Hugging Face directory ({type(exc).__name__})") from None
+    try:
+        cfg.check_fits(*shape, vocab)
+    except ModelLoadError as exc:
+        raise ValidationError("--draft", f"{str(exc).removeprefix('draft: ')}: not a draft for {target}") from None
 
 
 def _target_head_rows(target: Path, vocab: torch.Tensor, config: dict) -> torch.Tensor:
@@ -147,7 +166,9 @@ def _write(draft: Path, out: Path, config: dict, vocab: torch.Tensor | None, hea
 
         state = load_file(str(draft / WEIGHTS_NAME))
         offsets = vocab.to(torch.int64) - torch.arange(len(vocab), dtype=torch.int64)  # target id = i + d2t[i]
-        save_file({**state, "lm_head.weight": head, "d2t": offsets.contiguous()}, str(out / WEIGHTS_NAME))
+        dtype = next(t.dtype for t in state.values() if t.is_floating_point())  # the head in the draft's dtype
+        save_file({**state, "lm_head.weight": head.to(dtype), "d2t": offsets.contiguous()}, str(out / WEIGHTS_NAME))
+        os.chmod(out / WEIGHTS_NAME, 0o644)  # readable by a server running as another user, as a copied file is
     (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
 
 

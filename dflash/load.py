@@ -22,7 +22,7 @@ from dflash.engine import Engine
 from dflash.errors import ModelLoadError, ValidationError
 from dflash.host import HostSettings, env_dtype, env_threads
 from dflash.host import choose as choose_settings
-from dflash.registry import get_preset
+from dflash.registry import draft_dir_problem, get_preset, looks_like_hub_id
 from dflash.target import Target
 from dflash.zerogpu import zero_gpu
 
@@ -226,8 +226,8 @@ def resolve_draft_dir(source: str) -> Path:
     """A local directory, or a hub id resolved through the local cache (then online) — safetensors + json only."""
     if Path(source).is_dir():
         return Path(source)
-    if source.startswith((".", "/", "~")) or source.count("/") != 1:
-        raise ModelLoadError(f"draft: directory {source} not found (the default draft not trained yet? use --no-draft)")
+    if not looks_like_hub_id(source):
+        raise ModelLoadError(f"draft: {draft_dir_problem(source)}")
     from huggingface_hub import snapshot_download
 
     patterns = [CONFIG_NAME, "*.safetensors"]

@@ -76,3 +76,19 @@ def draft_block_size(preset: Preset) -> int | None:
             size = None
         return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
     return preset.block_size
+
+
+def draft_dir_problem(path: str | Path) -> str:
+    """Why `path` cannot be a local draft directory ("" when it may be one; loading checks the rest). Needs no
+    torch, so an option naming a wrong folder is answered before any model loads."""
+    path = Path(path)
+    if not path.is_dir():
+        return f"{path} is not a directory"
+    missing = [name for name in (CONFIG_NAME, WEIGHTS_NAME) if not (path / name).is_file()]
+    return f"{path} has no {' or '.join(missing)} (a draft directory holds both)" if missing else ""
+
+
+def looks_like_hub_id(source: str) -> bool:
+    """"owner/name" and not a local path: a draft or model to fetch from the hub (dflash.load.resolve_draft_dir)."""
+    return not Path(source).exists() and not source.startswith((".", "/", "~")) and source.count("/") == 1
+

@@ -166,6 +166,36 @@ def test_a_markdown_path_in_a_missing_folder_is_refused_before_anything_runs(mod
     assert table.read_text() == "kept" and not out.exists()
 
 
+def bench_without_torch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """bench with a `torch` that cannot be imported and a target that does not exist: an answer with its one line
+    came before any model loads (and before torch is imported)."""
+    (tmp_path / "no-torch" / "torch").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "no-torch" / "torch" / "__init__.py").write_text("raise ImportError('torch was imported')\n")
+    argv = ["--target", str(tmp_path / "no-such-target"), "--methods", "ar", "--no-progress", *args]
+    return subprocess.run([sys.executable, "-m", "dflash", "bench", *argv], cwd=ROOT, capture_output=True, text=True,
+                          env={**ENV, "PYTHONPATH": str(tmp_path / "no-torch")}, timeout=60)
+
+
+def test_the_default_markdown_path_is_checked_as_a_given_one(tmp_path):
+    """The table's default path (--output with .md) was not checked: an existing table was silently replaced, and a
+    directory there crashed the run after the first prompt (IsADirectoryError, a .md.tmp left behind)."""
+    out, table = tmp_path / "new.json", tmp_path / "new.md"
+    table.write_text("kept")
+    line = assert_option_error(bench_without_torch(tmp_path, "--output", str(out)), "--markdown", str(table), "--overwrite")
+    assert "default" in line and table.read_text() == "kept"
+    table.unlink()
+    table.mkdir()
+    assert_option_error(bench_without_torch(tmp_path, "--output", str(out), "--overwrite"), "--markdown", str(table),
+                        "is a directory; give a file path")
+    assert not out.exists() and not (tmp_path / "new.md.tmp").exists()
+
+
+def test_an_output_path_that_is_a_directory_is_refused(tmp_path):
+    (tmp_path / "r.json").mkdir()
+    assert_option_error(bench_without_torch(tmp_path, "--output", str(tmp_path / "r.json"), "--overwrite"), "--output",
+                        "is a directory; give a file path")
+
+
 # -- prompts are checked up front ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("bad_row, words", [
     ('{"prompt_ids": [1, 2, 256]}', ["line 3", "vocab size 256"]),
@@ -179,6 +209,33 @@ def test_every_prompt_is_checked_before_the_first_is_measured(models, tmp_path, 
     prompts.write_text(json.dumps({"prompt_ids": PROMPTS[0]}) + "\n\n" + bad_row + "\n")
     assert_option_error(bench(models, out, "--prompts", str(prompts), "--methods", "ar,dflash"), "--prompts", *words)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("mtbench", ["mt-bench", "'mtbench'"]),  # a typo of a set's name: refused before the model loads (took ~7 s)
+    ("missing.jsonl", ["an existing .jsonl file"]),
+])
+def test_an_unknown_prompt_set_is_refused_before_any_model_loads(tmp_path, spec, words):
+    assert_option_error(bench_without_torch(tmp_path, "--output", str(tmp_path / "r.json"), "--prompts", spec),
+                        "--prompts", *words)
+
+
+@pytest.mark.parametrize("rows, words", [
+    ([{"prompt": "a"}, {"promt": "b"}], ["line 2", "no prompt text", "promt"]),  # was dropped without a word
+    ([{"prompt": "a"}, {"prompt": ""}], ["line 2", '"prompt" is empty']),
+    ([{"prompt": "a"}, {"prompt": 5}], ["line 2", '"prompt" must be a non-empty string']),
+    ([{"prompt": "a"}, {"prompt_ids": [1, 2]}], ["line 2", "all text or all token ids", "line 1"]),  # blamed line 1
+    ([{"prompt_ids": [1, 2]}, {"prompt": "b"}], ["line 2", "all text or all token ids", "line 1"]),
+    ([{"prompt_ids": [1, 2]}, {"prompt_ids": []}], ["line 2", "non-empty list of token ids"]),
+    ([], ["gave no prompts"]),
+])
+def test_prompt_rows_are_checked_before_any_model_loads(tmp_path, rows, words):
+    """Every row of a JSONL file is checked against the format (docs/bench.md) up front, and an error names its
+    line: rows without prompt text were silently dropped, so the run measured fewer prompts than the file held."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = bench_without_torch(tmp_path, "--output", str(tmp_path / "r.json"), "--prompts", str(prompts))
+    assert_option_error(proc, "--prompts", *words)
 
 
 # -- --random-draft -----------------------------------------------------------------------------------------------------

@@ -84,6 +84,26 @@ def test_option_errors_answer_before_torch_is_imported(tmp_path, argv, option):
         assert_option_error(proc, option + ":")
 
 
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["bench", "--methods", "ar,dflash"], ["train", "eval"]])
+@pytest.mark.parametrize("folder, says", [
+    ("missing", "is not a directory"),
+    ("no-weights", "has no model.safetensors"),
+])
+def test_a_wrong_draft_folder_is_named_before_any_model_loads(tmp_path, command, folder, says):
+    """It was reported after the target had loaded, as `error: draft: …` (the option not named as typed)."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('torch was imported')\n")
+    (tmp_path / "no-weights").mkdir()
+    (tmp_path / "no-weights" / "config.json").write_text("{}")
+    draft = tmp_path / folder
+    target = {"generate": ["--target", str(tmp_path / "no-such-target")], "train": [],
+              "bench": ["--target", str(tmp_path / "no-such-target"), "--output", str(tmp_path / "r.json")]}[command[0]]
+    proc = subprocess.run([sys.executable, "-m", "dflash", *command, *target, "--draft", str(draft)], cwd=ROOT,
+                          env={**ENV, "PYTHONPATH": str(tmp_path)}, capture_output=True, text=True, timeout=60)
+    assert_option_error(proc, "--draft:")
+    assert says in proc.stderr.splitlines()[-1] and str(draft) in proc.stderr.splitlines()[-1]
+
+
 @pytest.mark.parametrize("args,option", [
     (["--threads", "-1"], "--threads"),
     (["--device", "foo"], "--device"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -74,10 +75,14 @@ def test_the_vllm_export_keeps_the_draft_vocabulary_in_vllms_form(tiny, tmp_path
     # vLLM's DFlash model: draft index i stands for target id i + d2t[i]; its logits are lm_head(hidden) there.
     d2t = tensors.pop("d2t")
     assert d2t.dtype == torch.int64 and torch.equal(torch.arange(len(vocab)) + d2t, vocab)
-    assert torch.equal(tensors.pop("lm_head.weight"), target.model.get_output_embeddings().weight.detach()[vocab])
+    # … stored in the draft's own dtype (bfloat16): it was float32, 1.5x the file of the shipped draft's export.
+    head, dtype = tensors.pop("lm_head.weight"), tensors["fc.weight"].dtype
+    assert dtype == torch.bfloat16 and head.dtype == dtype
+    assert torch.equal(head, target.model.get_output_embeddings().weight.detach()[vocab].to(dtype))
     assert tensors.keys() == load_file(str(root / "draft" / WEIGHTS_NAME)).keys()
     assert all(torch.equal(tensors[k], v) for k, v in load_file(str(root / "draft" / WEIGHTS_NAME)).items())
     assert '"num_speculative_tokens": 3' in (out / "README.md").read_text()
+    assert (out / WEIGHTS_NAME).stat().st_mode & 0o777 == 0o644  # it was 0600: unreadable to a server's own user
 
 
 def test_bad_options_get_one_line_naming_the_option(tiny, tmp_path):
@@ -90,16 +95,25 @@ def test_bad_options_get_one_line_naming_the_option(tiny, tmp_path):
     _wider_target().save_pretrained(wide)
     last = tmp_path / "last-layer-draft"  # fuses layer 3, the tiny target's last
     save_draft(tiny_draft(tiny[1], block_size=4, layer_ids=[1, 3]), last)
+    deeper = tmp_path / "deeper-draft"  # made for a deeper target: reads layer 5 of 8 (it exported without complaint)
+    shutil.copytree(root / "draft", deeper)
+    config = json.loads((deeper / CONFIG_NAME).read_text())
+    config["num_target_layers"] = 8
+    config["dflash_config"]["target_layer_ids"][-1] = 5  # as many fused layers (the fc weight's shape), the last deeper
+    (deeper / CONFIG_NAME).write_text(json.dumps(config))
     cases = [
         (["--draft", draft, "--for", "vllm", "--out", str(tmp_path / "a")], "--target: needed by --for vllm"),
         (["--draft", draft, "--for", "sglang", "--target", tgt, "--out", str(tmp_path / "b")], "--target: is only used"),
         (["--draft", str(tmp_path / "nowhere"), "--for", "sglang", "--out", str(tmp_path / "c")], "--draft: "),
         (["--draft", str(root), "--for", "sglang", "--out", str(tmp_path / "d")], "--draft: no config.json"),
         (["--draft", draft, "--for", "sglang", "--out", str(full)], "--out: "),
-        (["--draft", draft, "--for", "vllm", "--target", str(wide), "--out", str(tmp_path / "e")], "--target: its LM head is"),
+        (["--draft", draft, "--for", "vllm", "--target", str(wide), "--out", str(tmp_path / "e")],
+         "--draft: hidden size 64 does not match the target's 96: not a draft for"),
         (["--draft", draft, "--for", "vllm", "--target", str(tmp_path / "nowhere"), "--out", str(tmp_path / "f")],
          "--target: "),
         (["--draft", str(last), "--for", "full-head", "--out", str(tmp_path / "h")], "--draft: fuses the target's last layer (3)"),
+        (["--draft", str(deeper), "--for", "vllm", "--target", tgt, "--out", str(tmp_path / "i")],
+         "--draft: target_layer_ids [5] do not exist in the target (4 layers)"),
     ]
     for argv, message in cases:
         done = export(*argv)
@@ -108,7 +122,7 @@ def test_bad_options_get_one_line_naming_the_option(tiny, tmp_path):
     bad_choice = export("--draft", draft, "--for", "tgi", "--out", str(tmp_path / "g"))
     assert bad_choice.returncode == 2 and "argument --for: invalid choice: 'tgi'" in bad_choice.stderr
     assert "Traceback" not in bad_choice.stderr
-    assert not any((tmp_path / n).exists() for n in "abcdefgh")  # nothing written for a refused export
+    assert not any((tmp_path / n).exists() for n in "abcdefghi")  # nothing written for a refused export
 
 
 def _wider_target():

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dflash.bench.config import DRAFT_METHODS, BenchConfig
-from dflash.cli import add_engine_args, add_model_args, engine_from_args, request_kwargs
+from dflash.cli import add_engine_args, add_model_args, check_model_args, check_output_path, engine_from_args, request_kwargs
+from dflash.datasets import prompt_rows
 from dflash.errors import ValidationError
 
 if TYPE_CHECKING:  # for annotations only: imported where used, so that parsing the command line loads no torch
@@ -28,7 +29,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               description="Run methods over a prompt set; write a JSON result and a Markdown table.")
     g = p.add_argument_group("benchmark")
     g.add_argument("--prompts", default="mt-bench",
-                   help="mt-bench | humaneval | sharegpt-heldout | FILE.jsonl (rows with prompt text or prompt_ids)")
+                   help="mt-bench | humaneval | sharegpt-heldout | FILE.jsonl (rows all with prompt text or all with "
+                        "prompt_ids; docs/bench.md)")
     g.add_argument("--limit", type=int, help="first N prompts of the set (default: all)")
     g.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated subset of %(default)s")
     g.add_argument("--repeats", type=int, default=1, help="runs of each method on each prompt (interleaved)")
@@ -108,40 +110,38 @@ def _random_draft(engine, layers: int):
 
 
 def _result_paths(args) -> tuple[Path, Path]:
-    """Both output paths, checked before any model loads: the files are first written after the first prompt."""
+    """Both output paths, checked before any model loads: the files are first written after the first prompt. The
+    table's default path (the output's, with .md) is checked as a given --markdown is."""
     out = Path(args.output)
     if out.suffix != ".json":
         raise ValidationError("output", f"must end in .json, got {args.output!r}")
-    if not out.parent.is_dir():
-        raise ValidationError("output", f"directory {str(out.parent)!r} does not exist")
+    check_output_path("output", out)
     if out.exists() and not (args.resume or args.overwrite):
         raise ValidationError("output", f"{args.output} exists: pass --resume to continue it or --overwrite to replace it")
-    if args.markdown is None:
-        return out, out.with_suffix(".md")
-    md = Path(args.markdown)
-    if not md.parent.is_dir():
-        raise ValidationError("markdown", f"directory {str(md.parent)!r} does not exist")
-    if md.is_dir():
-        raise ValidationError("markdown", f"{args.markdown} is a directory; give a file path")
+    md = out.with_suffix(".md") if args.markdown is None else Path(args.markdown)
+    shown = f"{md} (the default: --output with .md)" if args.markdown is None else args.markdown
+    check_output_path("markdown", md, shown)
     if md.resolve() == out.resolve():
         raise ValidationError("markdown", "must differ from --output (the table would replace the JSON result)")
     if md.exists() and not (args.resume or args.overwrite):
-        raise ValidationError("markdown", f"{args.markdown} exists: pass --overwrite to replace it (or --resume)")
+        raise ValidationError("markdown", f"{shown} exists: pass --overwrite to replace it (or --resume)")
     return out, md
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     cfg = _bench_config(args)  # every option error that needs no model, before torch is imported
     json_path, md_path = _result_paths(args)
+    check_model_args(args)  # --draft, --threads
     needs = [m for m in cfg.methods if m in DRAFT_METHODS]
     if needs and args.no_draft:
         raise ValidationError("methods", f"--no-draft loads no draft: leave {', '.join(needs)} out of --methods")
+    rows = prompt_rows(args.prompts, args.limit)  # every row's format; the ids against the model after it loads
     from dflash.bench.resume import resume
-    from dflash.bench.runner import check_methods, prepare_prompts, validate_prompts, warm_up
+    from dflash.bench.runner import check_methods, prompt_items, validate_prompts, warm_up
 
     engine, info = _bench_engine(args)
     check_methods(engine, cfg)
-    items = prepare_prompts(engine, args.prompts, args.limit)
+    items = prompt_items(engine, rows)
     validate_prompts(engine, items, cfg)
     result = _new_result(args, engine, info, cfg, len(items))
     if args.resume and json_path.exists():

@@ -10,13 +10,12 @@ after every prompt, so a long run is written incrementally and can be resumed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 from dflash.bench.baselines import TimedOutput, hf_generate
 from dflash.bench.config import DRAFT_METHODS, ENGINE_METHODS, BenchConfig
 from dflash.bench.machine import RssSampler, load_average
-from dflash.datasets import first, jsonl_rows, load_prompts, row_text
+from dflash.datasets import PromptRow, prompt_rows
 from dflash.engine import Engine
 from dflash.errors import ValidationError
 from dflash.request import Request
@@ -41,29 +40,15 @@ def _where(index: int, line: int | None) -> str:
 
 
 def prepare_prompts(engine: Engine, spec: str, limit: int | None = None) -> list[PromptItem]:
-    """A named set (mt-bench, humaneval, sharegpt-heldout) or a .jsonl file → chat-templated prompt ids.
-
-    JSONL rows may give "prompt_ids" (a list of token ids, used as is — targets without a tokenizer) or text in
-    "prompt" / "turns"[0] / "text"."""
-    if spec.endswith(".jsonl") and Path(spec).is_file():
-        rows = jsonl_rows(spec)
-        if any("prompt_ids" in r for _, r in rows):
-            items = [_ids_item(i, n, row) for i, (n, row) in enumerate(first(rows, limit))]
-        else:
-            texts = [(n, t) for n, row in rows if (t := row_text(row))]
-            items = [_text_item(engine, i, n, t) for i, (n, t) in enumerate(first(texts, limit))]
-    else:
-        items = [_text_item(engine, i, None, t) for i, t in enumerate(load_prompts(spec, limit))]
-    if not items:
-        raise ValidationError("prompts", f"{spec} gave no prompts")
-    return items
+    """A named set (mt-bench, humaneval, sharegpt-heldout) or a .jsonl file → chat-templated prompt ids."""
+    return prompt_items(engine, prompt_rows(spec, limit))
 
 
-def _ids_item(index: int, line: int, row: dict) -> PromptItem:
-    ids = row.get("prompt_ids")
-    if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
-        raise ValidationError("prompts", f"line {line}: prompt_ids must be a non-empty list of token ids")
-    return PromptItem(index, row.get("prompt"), list(ids), line)
+def prompt_items(engine: Engine, rows: list[PromptRow]) -> list[PromptItem]:
+    """Prompt rows (checked by dflash.datasets.prompt_rows before any model loads) → prompt ids: a JSONL row's
+    "prompt_ids" used as they are (targets without a tokenizer), text through the chat template."""
+    return [PromptItem(i, r.text, r.ids, r.line) if r.ids is not None else _text_item(engine, i, r.line, r.text)
+            for i, r in enumerate(rows)]
 
 
 def _text_item(engine: Engine, index: int, line: int | None, text: str) -> PromptItem:

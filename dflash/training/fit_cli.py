@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 from dataclasses import fields
-from pathlib import Path
 
 from dflash.errors import ValidationError
 from dflash.training.fit_config import FitConfig, read_data_meta
@@ -27,21 +26,24 @@ def cmd_fit(args: argparse.Namespace) -> int:
     return 0
 
 
-def eval_prompts(args: argparse.Namespace) -> list:
-    """The prompts to evaluate, after every option error that needs no model (one line naming the option)."""
-    from dflash.datasets import load_prompts
+def eval_prompts(args: argparse.Namespace) -> list[str | list[int]]:
+    """The prompts to evaluate (text, or a JSONL row's token ids as they are), after every option error that needs
+    no model (one line naming the option)."""
+    from dflash.cli import check_draft_option, check_output_path
+    from dflash.datasets import prompt_rows
     from dflash.request import Request
 
     if args.threads is not None and args.threads < 1:
         raise ValidationError("--threads", f"must be >= 1, got {args.threads}")
-    if args.limit < 1:  # load_prompts would read 0 as "all" and -5 as "all but the last 5"
+    if args.limit < 1:  # prompt_rows would read 0 as "all" and -5 as "all but the last 5"
         raise ValidationError("--limit", f"must be >= 1, got {args.limit}")
-    if args.output and not Path(args.output).resolve().parent.is_dir():  # not after the whole evaluation
-        raise ValidationError("--output", f"directory {str(Path(args.output).parent)!r} does not exist")
+    if args.output:  # not after the whole evaluation
+        check_output_path("--output", args.output)
     # A request field's error names the field; the CLI prints the option it stands for (dflash.cli.option_name).
     Request(prompt_ids=(0,), max_new_tokens=args.max_new_tokens, block_size=args.block_size,
             diffusion_steps=args.steps, temperature=args.temperature, seed=args.seed)
-    return load_prompts(args.prompts, args.limit)
+    check_draft_option(args)
+    return [r.text if r.ids is None else r.ids for r in prompt_rows(args.prompts, args.limit)]
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -83,7 +85,7 @@ def add_stages(stages) -> None:
     e = stages.add_parser("eval", help="tau / histogram / speed vs no-draft with the real loop")
     e.add_argument("--preset", default="default")
     e.add_argument("--draft", help="draft directory (default: the preset's)")
-    e.add_argument("--prompts", default="mt-bench")
+    e.add_argument("--prompts", default="mt-bench", help="a set's name or FILE.jsonl, as bench's (docs/bench.md)")
     e.add_argument("--limit", type=int, default=20, help="first N prompts of the set (>= 1)")
     e.add_argument("--max-new-tokens", type=int, default=128)
     e.add_argument("--block-size", type=int)
