@@ -1,7 +1,10 @@
 """Run statistics computed from events — the one function the CLI, benchmark, UI and tests share.
 
 τ (tau) = mean tokens committed per target verify forward, bonus/correction token included (the paper's
-"average acceptance length"); the prefill's first token is not counted in τ.
+"average acceptance length"); the prefill's first token is not counted in τ. A step counts accepted + 1 as verified,
+also where the run ends inside its block (EOS, a stop id, max_new_tokens) and some of those tokens are not output —
+as the reference implementation counts its acceptance lengths — so on a short run τ can exceed
+(output tokens − 1) / verify steps by up to (block size − 1) / verify steps.
 """
 
 from __future__ import annotations

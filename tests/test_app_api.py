@@ -24,7 +24,8 @@ from tests.ui_support import PROMPT, paced_text_engine, tiny_text_engine
 from ui import build_demo, launch_kwargs, torch_thread
 from ui.engines import EngineProvider
 from ui.handlers import CONTROL_KEYS, STOPPED_IN_QUEUE, Playground, Settings, defaults
-from ui.exports import HISTORY_COLUMNS
+from ui import render
+from ui.exports import HISTORY_COLUMNS, history_table
 from ui.layout import OUT_KEYS
 from ui.replay import bundled_traces, frames, parse_trace
 from ui.text import REPLAY_WAITS
@@ -350,6 +351,27 @@ def test_compare_times_the_run_again_beside_the_baseline(app, monkeypatch):
     assert final["history_table"]["data"][-1][HISTORY_COLUMNS.index("τ")] == round(stats["tau"], 2)
 
 
+def test_compare_keeps_a_stopped_run_as_the_user_left_it():
+    """Compare repeats a run for just the tokens it produced: for a run the user stopped that repetition ends by
+    length, and it replaced the run in the views and the history (finish "length", max new = the tokens made)."""
+    pg = Playground(EngineProvider({"default": paced_text_engine(block_size=8, delay_s=0.02)}))
+    values = dict(zip(CONTROL_KEYS, args(max_new_tokens=300)))
+    outs = []
+    for out in pg.generate(values, [], "s"):
+        outs.append(out)
+        if len(outs) == 4:
+            pg.stop("s")
+    stopped = outs[-1]
+    column = {k: HISTORY_COLUMNS.index(k) for k in ("finish", "max new", "identical")}
+    row = history_table(stopped["history"])[-1]
+    assert "stopped by the user" in stopped["status"] and row[column["finish"]] == "cancelled"
+    *_, compared = pg.compare(stopped["trace"], stopped["history"], False, "s")
+    assert "Compared with autoregressive" in compared["status"] and "identical ✓" in compared["status"]
+    row = history_table(compared["history"])[-1]
+    assert (row[column["finish"]], row[column["max new"]], row[column["identical"]]) == ("cancelled", 300, "✓")
+    assert render.finished(compared["trace"]["replay"].trace.events).reason == "cancelled"
+
+
 def test_every_forward_of_a_request_runs_on_the_torch_thread(app):
     """All of the server's torch work on one thread (ui/torch_thread.py): OpenMP gives every thread that runs a
     parallel operator a team of its own, and more teams than cores make every operator slower."""
@@ -384,7 +406,7 @@ def test_replay_bundled_and_uploaded_traces(app, tmp_path):
     prev = named(app.client.predict(last, 0, True, api_name="/step_prev"))
     assert prev["replay"] == last - 1 and prev["replay_label"].startswith(f"Frame {last}/{last + 1}")
     first = named(app.client.predict(0, 0, True, api_name="/show_frame"))
-    assert "the request starts" in first["replay_label"] and "Press Generate" in first["tokens"]
+    assert "the request starts" in first["replay_label"] and "No tokens yet at this point of the run" in first["tokens"]
     nxt = named(app.client.predict(0, 0, True, api_name="/step_next"))
     assert nxt["replay"] == 1
     up = named(app.client.predict(handle_file(str(bundled_traces()[label])), True, api_name="/upload_trace"))
@@ -507,6 +529,8 @@ def test_step_mode_records_then_starts_at_the_first_step(app):
     assert all("tokens" not in o for o in outs[1:-1])  # no animation while recording
     final = outs[-1]
     assert final["replay"]["value"] == 0 and "Step mode" in final["status"]
+    # Its first frame has no token yet: the stream says so (it said "Press Generate", which had just been pressed).
+    assert "No tokens yet at this point of the run" in final["tokens"] and "Press Generate" not in final["tokens"]
     stepped = pg.step(final["trace"], 0, 1, 0, True)
     assert stepped["replay"] == 1 and "Frame 2/" in stepped["replay_label"]
 

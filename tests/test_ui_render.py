@@ -93,6 +93,10 @@ def test_lossy_acceptances_are_marked(runs):
     html = render.token_stream_html(events)
     assert html.count("tok-relaxed") == relaxed
     assert html.count("accepted by the LOSSY threshold") == relaxed
+    # The legend explains the outline in a lossy run (it did not), and only there.
+    label, cue = render.TOKEN_STYLES["relaxed"]
+    entry = f'<span class="tok tok-draft tok-relaxed">abc</span> {render.attr(label)} <span class="cue">({cue})</span>'
+    assert entry in render.token_header_html(events) and "tok-relaxed" not in render.token_header_html(runs["mixed"])
 
 
 def test_token_text_is_escaped_and_whitespace_made_visible(runs):
@@ -190,6 +194,16 @@ def test_block_summary_sentences(runs):
     part = next(b for b in blocks.values() if b.verify and b.verify.accepted_len < len(b.verify.draft_tokens))
     assert f"all {len(full.verify.draft_tokens)} drafted tokens accepted, +1 bonus token" in render_inspector.block_summary(full)
     assert f"rejected at position {part.verify.accepted_len + 1}" in render_inspector.block_summary(part)
+    # A run that ends inside the block (EOS, max new tokens) outputs fewer tokens than were verified: the sentence
+    # said "→ 3 tokens" where the stream shows 1.
+    n = full.verify.accepted_len + 1
+    cut = dataclasses.replace(full, commit=dataclasses.replace(full.commit, token_ids=full.commit.token_ids[:1]))
+    assert render_inspector.block_summary(cut).endswith(f"→ {n} tokens verified; the answer ended after 1 of them.")
+    assert render_inspector.block_summary(full).endswith(f"→ {n} tokens.")
+    one = dataclasses.replace(full.verify, draft_tokens=full.verify.draft_tokens[:1], draft_texts=full.verify.draft_texts[:1],
+                              accepted_len=0)
+    assert "0 of 1 drafted token accepted" in render_inspector.block_summary(dataclasses.replace(full, verify=one, commit=None))
+    assert render.count(1, "token") == "1 token" and render.count(0, "position") == "0 positions"
 
 
 def test_copied_blocks_have_their_own_token_kind_legend_inspector_rows_and_badge(runs):
@@ -338,6 +352,11 @@ def test_frames_step_through_draft_steps_and_commits(runs):
     assert "DRAFT — denoising step 1 of 3" in frame_label(events, first_step)
     first_verify = next(i for i, k in enumerate(idx) if isinstance(events[k], ev.Commit) and events[k].block == 1)
     assert "block 1, VERIFY → ACCEPT" in frame_label(events, first_verify)
+    # A commit cut at the end of the answer has no bonus or correction token: the label did say "+1 target token".
+    at = idx[first_verify]
+    cut = dataclasses.replace(events[at], token_ids=events[at].token_ids[:1], kinds=[ev.DRAFT])
+    label = frame_label(events[:at] + [cut] + events[at + 1:], first_verify)
+    assert "1 draft token accepted (the answer ends in this block)" in label and "+1" not in label
     # Rendering any prefix works (replay draws every panel from events_at).
     for f in range(len(idx)):
         part = events_at(events, f)

@@ -70,7 +70,7 @@ def test_a_wrong_draft_directory_is_named_at_once(tmp_path, make, says):
 def test_help_lists_the_option_and_the_environment():
     proc = serve("--help")
     assert proc.returncode == 0 and "--draft DIR" in proc.stdout
-    assert all(name in proc.stdout for name in ("DFLASH_THREADS", "DFLASH_PRESETS", "DFLASH_DTYPE", "DFLASH_DRAFT"))
+    assert all(name in proc.stdout for name in ("DFLASH_THREADS", "DFLASH_PRESETS", "DFLASH_DTYPE", "DFLASH_PROBE", "DFLASH_DRAFT"))
 
 
 @pytest.mark.slow

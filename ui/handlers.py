@@ -278,10 +278,14 @@ class Playground:
         the run's place — a new trace, every view redrawn from it, since a block policy driven by timings may have
         cut its blocks differently. `timed` None (ZeroGPU): the run's own timing is compared."""
         comp = comparison(trace.events, base, dtype, timed=timed)
-        repeated = timed is not None and render.finished(timed).output_ids == render.finished(trace.events).output_ids
-        run = timed if repeated else trace.events
+        shown_fin = render.finished(trace.events)
+        repeated = timed is not None and render.finished(timed).output_ids == shown_fin.output_ids
+        # A run the user stopped (or that timed out) stays the one shown: its repetition, asked for just its tokens,
+        # ends by length, and would rewrite the history row's settings and finish reason.
+        replace = repeated and shown_fin.reason not in ("cancelled", "timeout", "error")
+        run = timed if replace else trace.events
         trace, run_id = Trace(run, trace.meta, base), state.get("run_id", 0)
-        history = with_comparison(history, run_id, comp, run if repeated else None)
+        history = with_comparison(history, run_id, comp, run if replace else None)
         new = trace_state(trace, **{k: v for k, v in state.items() if k not in ("replay", "compare")}, compare=comp)
         replay, hw = new["replay"], state.get("hardware", "")
         with replay.lock:

@@ -72,6 +72,11 @@ def show_text(text: str, breaks: bool = True) -> str:
     return html.escape("".join(out), quote=True)
 
 
+def count(n: int, noun: str) -> str:
+    """"1 token", "3 tokens": a count with its noun in the right number (regular plurals only)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def quoted(text: str) -> str:
     """A token for a tooltip or a sentence: repr-like quotes, whitespace visible."""
     return "“" + text.replace("\n", "↵").replace("\t", "⇥") + "”"
@@ -174,14 +179,18 @@ def _token_title(cls: str, block: int, pos: int, conf: float, v: ev.Verify | Non
     return f"{head} · bonus token: all {len(v.draft_tokens)} {verb} tokens accepted, the target adds {quoted(text)}"
 
 
-def legend_html(has_draft: bool = True, show_rejected: bool = True, copies: bool = False) -> str:
-    """`copies`: the run copies from the context (Request.lookup_ngram), so copied tokens get a legend entry."""
+def legend_html(has_draft: bool = True, show_rejected: bool = True, copies: bool = False, lossy: bool = False) -> str:
+    """`copies`: the run copies from the context (Request.lookup_ngram), so copied tokens get a legend entry;
+    `lossy`: its acceptance threshold is below 1, so tokens accepted only by that threshold get one."""
     keys = ["draft", "correction", "bonus", "first"] if has_draft else ["target", "first"]
     if has_draft and show_rejected:
         keys.insert(2, "rejected")
     if has_draft and copies:
         keys.insert(1, "copy")
-    items = "".join(f'<li><span class="tok tok-{k}">abc</span> {attr(TOKEN_STYLES[k][0])} '
+    if has_draft and lossy:
+        keys.insert(1, "relaxed")
+    classes = {"relaxed": "tok-draft tok-relaxed"}  # an accepted token's look plus the outline
+    items = "".join(f'<li><span class="tok {classes.get(k, "tok-" + k)}">abc</span> {attr(TOKEN_STYLES[k][0])} '
                     f'<span class="cue">({attr(TOKEN_STYLES[k][1])})</span></li>' for k in keys)
     return f'<ul class="dfl-legend" aria-label="Legend">{items}</ul>'
 
@@ -192,12 +201,21 @@ def prompt_of(st: ev.Started | None) -> str:
     return st.request.get("prompt") or st.prompt_text
 
 
-def token_stream_html(run: RunState | list, show_rejected: bool = True,
-                      placeholder: str = "Press Generate (or load a trace) to see tokens stream here.") -> str:
+NO_RUN_YET = "Press Generate (or load a trace) to see tokens stream here."
+NO_TOKENS_YET = "No tokens yet at this point of the run (the prompt is read first): step on, or wait for the first token."
+
+
+def token_stream_html(run: RunState | list, show_rejected: bool = True, placeholder: str | None = None) -> str:
     """The answer as token spans and nothing else: while a run grows, each new value extends the previous one,
-    so Gradio streams only the appended part (the page wraps it with TOKEN_TEMPLATE)."""
-    spans = _spans(as_state(run), show_rejected)
-    return "".join(spans) if spans else f'<span class="dfl-placeholder">{attr(placeholder)}</span>'
+    so Gradio streams only the appended part (the page wraps it with TOKEN_TEMPLATE). Without tokens, `placeholder`
+    (default: what to do when there is no run, or that a run has not reached its first token: a prefill, or
+    step mode's first frame)."""
+    state = as_state(run)
+    spans = _spans(state, show_rejected)
+    if spans:
+        return "".join(spans)
+    text = placeholder or (NO_TOKENS_YET if started(state) is not None else NO_RUN_YET)
+    return f'<span class="dfl-placeholder">{attr(text)}</span>'
 
 
 # The token stream component's frame: column-reverse keeps the newest tokens in view as the answer grows.
@@ -216,7 +234,8 @@ def token_header_html(run: RunState | list, show_rejected: bool = True) -> str:
     prompt = prompt_of(st)
     head = (f'<div class="dfl-prompt"><b>Prompt:</b> {attr(prompt[:400])}{"…" if len(prompt) > 400 else ""}</div>'
             if prompt else "")
-    return f'<div class="dfl-tokens-head">{legend_html(has_draft, show_rejected, copies)}{head}</div>'
+    legend = legend_html(has_draft, show_rejected, copies, lossy=bool(st and st.lossy))
+    return f'<div class="dfl-tokens-head">{legend}{head}</div>'
 
 
 FINISH_WORDS = {"eos": "the model ended its answer", "length": "reached max new tokens", "stop": "hit a stop token",

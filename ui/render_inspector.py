@@ -7,7 +7,7 @@ Cells show the draft's token and confidence (shading) or MASK (hatched), the pos
 from __future__ import annotations
 
 from dflash import events as ev
-from ui.render import BlockInfo, attr, quoted, show_text
+from ui.render import BlockInfo, attr, count, quoted, show_text
 from ui.run_state import RunState, as_state
 
 
@@ -27,12 +27,18 @@ def block_summary(info: BlockInfo) -> str:
         return f"Block {info.block}: no draft — the target decodes one token ({token})."
     a = v.accepted_len
     copied = v.source == ev.COPY
-    what, who = ("tokens copied from the context (no draft pass)", "copy") if copied else ("drafted tokens", "draft")
+    tokens = count(drafted, "token").removeprefix(f"{drafted} ")
+    what, who = (f"{tokens} copied from the context (no draft pass)", "copy") if copied else (f"drafted {tokens}", "draft")
     if a == drafted:
-        return (f"Block {info.block}: all {drafted} {what} accepted, +1 bonus token {quoted(v.target_texts[-1])} "
-                f"→ {a + 1} tokens.")
-    return (f"Block {info.block}: {a} of {drafted} {what} accepted; rejected at position {a + 1} "
-            f"({who} {quoted(v.draft_texts[a])}, target {quoted(v.target_texts[a])}) → {a + 1} tokens.")
+        verdict = f"all {drafted} {what} accepted, +1 bonus token {quoted(v.target_texts[-1])}"
+    else:
+        verdict = (f"{a} of {drafted} {what} accepted; rejected at position {a + 1} "
+                   f"({who} {quoted(v.draft_texts[a])}, target {quoted(v.target_texts[a])})")
+    # The run can end inside the block (EOS, a stop id, max new tokens): the tokens verified past its end are not
+    # output (τ still counts them, as the acceptance length of the step; dflash/stats.py).
+    kept = len(info.commit.token_ids) if info.commit is not None else a + 1
+    ending = "" if kept >= a + 1 else f" verified; the answer ended after {kept} of them"
+    return f"Block {info.block}: {verdict} → {count(a + 1, 'token')}{ending}."
 
 
 def _conf_style(conf: float) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 from dflash import events as ev
 from dflash.events import event_to_dict
 from dflash.registry import ASSETS
+from ui.render import count
 from ui.run_state import RunState
 from ui.trace_schema import (MAX_RUN_EVENTS, MAX_TRACE_BYTES, MAX_TRACE_EVENTS, TraceError, check_event, check_meta,
                              check_run, shown)
@@ -166,16 +167,18 @@ def describe_frame(e: ev.Event, frame: int, n_frames: int, source: str = ev.DRAF
         return head + "the request starts (prompt only)"
     if isinstance(e, ev.DraftStep):
         if source == ev.COPY:
-            return head + f"block {e.block}, COPY — {sum(e.committed)} tokens copied from the context (no draft pass)"
+            return head + f"block {e.block}, COPY — {count(sum(e.committed), 'token')} copied from the context (no draft pass)"
         n_masked = sum(e.masked[1:])
         return head + (f"block {e.block}, DRAFT — denoising step {e.step + 1} of {e.n_steps}: "
-                       f"{sum(e.committed)} positions committed, {n_masked} still masked")
+                       f"{count(sum(e.committed), 'position')} committed, {n_masked} still masked")
     if isinstance(e, ev.Commit):
         if e.block == 0:
             return head + "prefill — the target reads the prompt and picks the first token"
         kinds, who = e.kinds, ("copied", ev.COPY) if source == ev.COPY else ("draft", ev.DRAFT)
-        return head + (f"block {e.block}, VERIFY → ACCEPT: {kinds.count(who[1])} {who[0]} tokens accepted, "
-                       f"+1 {'correction' if ev.CORRECTION in kinds else 'target token'} ({e.n_out} tokens so far)")
+        target = "correction" if ev.CORRECTION in kinds else "target token" if ev.BONUS in kinds else ""
+        added = f", +1 {target}" if target else " (the answer ends in this block)"  # tokens past its end are not kept
+        return head + (f"block {e.block}, VERIFY → ACCEPT: {count(kinds.count(who[1]), who[0] + ' token')} accepted"
+                       f"{added} ({count(e.n_out, 'token')} so far)")
     if isinstance(e, ev.Finished):
         return head + f"finished ({e.reason})"
     return head + type(e).__name__

@@ -15,7 +15,8 @@ import argparse
 import logging
 import os
 import sys
-from pathlib import Path
+
+from dflash.registry import draft_dir_problem
 
 DRAFT_ENV = "DFLASH_DRAFT"
 PROG = "dflash-playground"
@@ -25,28 +26,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line, checked before torch is imported: a wrong --draft answers at once."""
     parser = argparse.ArgumentParser(
         prog=PROG, description="Serve the DFlash playground on http://127.0.0.1:7860 (GRADIO_SERVER_PORT: another port).",
-        epilog="Environment: DFLASH_THREADS (torch's CPU threads), DFLASH_DTYPE (float32 | bfloat16), DFLASH_PRESETS "
-               "(presets visitors may load besides the default, or 'all'), DFLASH_DRAFT (as --draft).")
+        epilog="Environment: DFLASH_THREADS (torch's CPU threads), DFLASH_DTYPE (float32 = exact | bfloat16 = fast), "
+               "DFLASH_PROBE (0: skip the CPU settings probe; refresh: measure again), DFLASH_PRESETS (presets visitors "
+               "may load besides the default, or 'all'), DFLASH_DRAFT (as --draft).")
     parser.add_argument("--draft", metavar="DIR", default=os.environ.get(DRAFT_ENV) or None,
                         help="serve the default target with this DFlash draft directory (config.json + "
                              "model.safetensors, e.g. what `python -m dflash train fit --out DIR` wrote) instead of "
                              "the shipped draft")
     args = parser.parse_args(argv)
     if args.draft is not None:
-        problem = draft_dir_problem(Path(args.draft))
+        problem = draft_dir_problem(args.draft)
         if problem:
             parser.error(f"--draft: {problem}")
     return args
-
-
-def draft_dir_problem(path: Path) -> str:
-    """Why `path` cannot be a draft directory ("" when it may be one; the load checks the rest)."""
-    from dflash.registry import CONFIG_NAME, WEIGHTS_NAME  # torch-free
-
-    if not path.is_dir():
-        return f"{path} is not a directory"
-    missing = [name for name in (CONFIG_NAME, WEIGHTS_NAME) if not (path / name).is_file()]
-    return f"{path} has no {' or '.join(missing)} (a draft directory holds both)" if missing else ""
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,8 +21,9 @@ EXAMPLES = [
 INFO = {
     "prompt": "Your message to the model (its chat template is applied). At most 32,000 characters.",
     "preset": "Model pair from the registry. The large presets need a GPU and access to the Hugging Face hub.",
-    "block_size": ("Tokens per verify step: the last committed token + (block size − 1) drafted ones. At most the draft's "
-                   "trained size."),
+    "block_size": ("Tokens per verify step: the last committed token + (block size − 1) drafted ones. Between the min and "
+                   "max block size (Adaptive block length, below); its default is the draft's trained size, past which its "
+                   "guesses are untrained."),
     "steps": ("Denoising passes per block (our extension). 1 = the paper's single pass; more passes unmask the most "
               "confident positions first."),
     "confidence": "With steps > 1: commit every position at least this confident at each pass (at least one per pass).",
@@ -37,10 +38,12 @@ INFO = {
     "min_block": "Smallest block an adaptive policy may choose.",
     "max_block": "Largest block an adaptive policy may choose (and the cap for the block size).",
     "temperature": ("0 = greedy (deterministic). Above 0 the target samples with per-position seeded noise, so DFlash and "
-                    "the baseline still match."),
+                    "the baseline still match — token for token in float32; in the fast bfloat16 mode they can part where "
+                    "two tokens' noisy scores are a numerical tie."),
     "top_p": "Nucleus sampling: keep the smallest set of tokens whose probability adds up to this (used when temperature > 0).",
     "max_new_tokens": "Upper limit on the answer's length in tokens.",
-    "seed": "Seed of the sampling noise (same seed → same tokens).",
+    "seed": ("Seed of the sampling noise (same seed → same tokens in float32; in bfloat16 a rerun's block sizes, "
+             "chosen by timing, can round a near-tie the other way)."),
     "show_rejected": "Also show the draft tokens the target rejected, struck through, before each correction.",
     "step_mode": "Record the run without animating, then step through it one draft/verify step at a time with Next ▶.",
 }

@@ -144,16 +144,19 @@ def _wire_replay(pg: Playground, ui: dict[str, Any], outputs: list) -> None:
     """Bundled and uploaded traces, the step slider and buttons, Play, the block picker and the rejected switch."""
     show = ui["show_rejected"]
     replay_inputs = [ui["trace"], ui["replay"], ui["inspect_block"], show]
-    quiet = {"show_progress": "hidden"}
+    # A refused file or frame shows its message as a toast and one "Error" badge on the replay label: Gradio badges
+    # every output of a failed event otherwise, covering the charts and the stream that are still valid.
+    quiet = {"show_progress": "hidden", "show_progress_on": [ui["replay_label"]]}
+    loud = {"show_progress_on": [ui["replay_label"]]}
 
     def on_play(trace_v, frame_v, block_v, show_v, request: gr.Request):
         for out in _stream_errors(pg.play(trace_v, frame_v, block_v, bool(show_v), request.session_hash)):
             yield pack(out)
 
     ui["load_trace"].click(lambda label, show_v: pack(_errors(lambda: pg.load_bundled(label, bool(show_v)))),
-                           [ui["trace_select"], show], outputs, api_name="load_trace")
+                           [ui["trace_select"], show], outputs, api_name="load_trace", **loud)
     ui["upload"].upload(lambda path, show_v: pack(_errors(lambda: pg.load_upload(path, bool(show_v)))),
-                        [ui["upload"], show], outputs, api_name="upload_trace")
+                        [ui["upload"], show], outputs, api_name="upload_trace", **loud)
     def frame_handler(draw: Callable[..., dict[str, Any]]) -> Callable[..., tuple]:
         """A replay control's handler: draws `draw(trace, frame, block, show_rejected)`, except while this session's
         generation streams (its live view must not be painted over with the previous run's frame)."""
@@ -170,12 +173,15 @@ def _wire_replay(pg: Playground, ui: dict[str, Any], outputs: list) -> None:
             return pack({})
         return pack(_errors(lambda: pg.show_frame(t, f, b, bool(s), charts=False)) if t else {})
 
-    ui["replay"].release(frame_handler(pg.show_frame), replay_inputs, outputs, api_name="show_frame", **quiet)
+    # `input`, not `release`: arrow keys and a value typed into the slider's box fire input only (release waits for the
+    # box to lose focus); while a pointer drags, the last value wins.
+    scrub = {"trigger_mode": "always_last", **quiet}
+    ui["replay"].input(frame_handler(pg.show_frame), replay_inputs, outputs, api_name="show_frame", **scrub)
     ui["prev"].click(frame_handler(lambda t, f, b, s: pg.step(t, f, -1, b, s)), replay_inputs, outputs,
                      api_name="step_prev", **quiet)
     ui["next"].click(frame_handler(lambda t, f, b, s: pg.step(t, f, 1, b, s)), replay_inputs, outputs,
                      api_name="step_next", **quiet)
     ui["play"].click(on_play, replay_inputs, outputs, api_name="play", concurrency_limit=8, **quiet)
-    ui["inspect_block"].release(frame_handler(lambda t, f, b, s: pg.show_frame(t, f, b, s, charts=False)),
-                                replay_inputs, outputs, api_visibility="private", **quiet)
+    ui["inspect_block"].input(frame_handler(lambda t, f, b, s: pg.show_frame(t, f, b, s, charts=False)),
+                              replay_inputs, outputs, api_visibility="private", **scrub)
     ui["show_rejected"].change(on_show_rejected, replay_inputs, outputs, api_visibility="private", **quiet)

@@ -158,7 +158,7 @@ def test_controls_explain_themselves_and_reset(app, browser):
     expect(page.locator("#acceptance")).to_contain_text("LOSSY below 1.0", timeout=30_000)
     page.click("#reset")
     expect(page.locator("#acceptance")).to_contain_text("1.0 = exact (lossless)", timeout=30_000)
-    expect(page.locator("#block-size")).to_contain_text("At most the draft's trained size")
+    expect(page.locator("#block-size")).to_contain_text("its default is the draft's trained size")
     page.close()
 
 

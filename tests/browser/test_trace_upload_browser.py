@@ -105,3 +105,52 @@ def test_markup_where_a_number_belongs_is_a_named_error(app, browser, tmp_path):
     expect(page.locator("#status")).not_to_contain_text("Loaded upload trace")
     assert_clean(page, dialogs)
     page.close()
+
+
+def error_badges(page) -> list[str]:
+    """The elem_ids of the components showing Gradio's "Error" badge."""
+    return page.evaluate("""() => [...document.querySelectorAll('.error')]
+        .filter(e => e.offsetParent !== null && /Error/.test(e.textContent)).map(e => e.closest('[id]')?.id)
+        .filter(id => id)""")
+
+
+def test_a_refused_upload_leaves_the_shown_trace_in_view(app, browser, tmp_path):
+    """A file that is not a trace: its message as a toast and one badge on the replay label. Gradio badged every
+    output of the failed event ("Error" over the four charts, the stream, the status and the sliders)."""
+    page, dialogs = hostile_page(browser, app)
+    page.click("#load-trace")
+    expect(page.locator("#status")).to_contain_text("Loaded bundled trace")
+    bad = tmp_path / "garbage.json"
+    bad.write_text("not json at all", encoding="utf-8")
+    upload(page, bad)
+    expect(page.get_by_text("trace: line 1 is not valid JSON").first).to_be_visible()
+    expect(page.locator("#replay-label .error")).to_be_visible()
+    assert error_badges(page) == ["replay-label"]
+    expect(page.locator("#status")).to_contain_text("Loaded bundled trace")  # the trace shown stays shown
+    expect(page.locator("#block-length-plot .js-plotly-plot")).to_be_visible()
+    assert_clean(page, dialogs)
+    page.close()
+
+
+def test_the_step_and_block_sliders_follow_the_keyboard(app, browser):
+    """Arrow keys and a typed value move the replay (before, only a pointer release or leaving the box did)."""
+    page, _ = hostile_page(browser, app)
+    page.click("#load-trace")
+    expect(page.locator("#replay-label")).to_contain_text("finished")
+    page.locator("#replay-step input[type=range]").focus()
+    page.keyboard.press("ArrowLeft")
+    expect(page.locator("#replay-label")).not_to_contain_text("finished")
+    box = page.locator("#replay-step input[type=number]")
+    box.fill("0")
+    box.press("Enter")
+    expect(page.locator("#replay-label")).to_contain_text("Frame 1/")
+    page.locator("#replay-step input[type=range]").press("End")
+    expect(page.locator("#replay-label")).to_contain_text("finished")
+    page.locator("#inspect-block input[type=range]").press("ArrowRight")  # from 0 (the latest) to block 1
+    expect(page.locator("#block-inspector")).to_contain_text("Block 1:")
+    box = page.locator("#inspect-block input[type=number]")
+    box.fill("2")
+    box.press("Enter")
+    expect(page.locator("#block-inspector")).to_contain_text("Block 2:")
+    page.close()
+
