@@ -8,6 +8,7 @@ import json
 import signal
 import sys
 import threading
+from typing import NoReturn
 from pathlib import Path
 
 from dflash.adaptive import POLICIES
@@ -178,8 +179,17 @@ def open_trace(path: str | None):
         raise DFlashError(f"--trace: cannot write {path}: {exc.strerror}") from None
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's own errors (an unknown option, an invalid choice, a value that is not a number) in the one line our
+    option errors use, `error: --option: …`, pointing to --help instead of printing the usage first. Subcommands'
+    parsers are of this class too (add_subparsers makes them of the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message.removeprefix('argument ')} (usage: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m dflash", description="DFlash block-diffusion speculative decoding")
+    parser = Parser(prog="python -m dflash", description="DFlash block-diffusion speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="stream one answer and print statistics")
     g.add_argument("--prompt", help="user message (the chat template is applied)")

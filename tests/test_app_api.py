@@ -19,6 +19,7 @@ from gradio_client.exceptions import AppError
 from gradio_client.utils import Status
 
 from dflash.errors import BusyError
+from dflash.events import Commit
 from dflash.request import Request
 from tests.ui_support import PROMPT, paced_text_engine, tiny_text_engine
 from ui import build_demo, launch_kwargs, torch_thread
@@ -27,7 +28,7 @@ from ui.handlers import CONTROL_KEYS, STOPPED_IN_QUEUE, Playground, Settings, de
 from ui import render
 from ui.exports import HISTORY_COLUMNS, history_table
 from ui.layout import OUT_KEYS
-from ui.replay import bundled_traces, frames, parse_trace
+from ui.replay import bundled_traces, frames, load_trace_file, parse_trace
 from ui.text import REPLAY_WAITS
 
 CLIENT_KEYS = [k for k in OUT_KEYS if k not in ("trace", "history")]  # State outputs are not sent to clients
@@ -403,6 +404,13 @@ def test_replay_bundled_and_uploaded_traces(app, tmp_path):
     last = loaded["replay"]["value"]  # a slider update: {"maximum": .., "value": ..}
     assert loaded["replay"]["maximum"] == last
     assert loaded["replay_label"].startswith(f"Frame {last + 1}/{last + 1}: finished")
+    # The downloads follow the trace shown (they kept the session's last run's files); the history's stays the runs'.
+    original = load_trace_file(bundled_traces()[label])
+    exported = parse_trace(Path(loaded["export_trace"]).read_text(encoding="utf-8"))
+    assert Path(loaded["export_trace"]).name == "dflash-bundled-trace.json"
+    assert [e.output_ids for e in exported.events[-1:]] == [original.events[-1].output_ids]
+    assert Path(loaded["export_metrics"]).read_text().count("\n") == 1 + sum(isinstance(e, Commit) for e in original.events)
+    assert loaded["export_history"] == {"__type__": "update"}  # skipped: left as it was
     prev = named(app.client.predict(last, 0, True, api_name="/step_prev"))
     assert prev["replay"] == last - 1 and prev["replay_label"].startswith(f"Frame {last}/{last + 1}")
     first = named(app.client.predict(0, 0, True, api_name="/show_frame"))

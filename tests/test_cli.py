@@ -104,6 +104,20 @@ def test_a_wrong_draft_folder_is_named_before_any_model_loads(tmp_path, command,
     assert says in proc.stderr.splitlines()[-1] and str(draft) in proc.stderr.splitlines()[-1]
 
 
+@pytest.mark.parametrize("argv,option", [
+    (["generate", "--adaptive", "Fixed"], "--adaptive: invalid choice: 'Fixed'"),
+    (["bench", "--max-new-tokens", "1e3"], "--max-new-tokens: invalid int value: '1e3'"),
+    (["train", "fit", "--data", "d"], "the following arguments are required: --out"),
+    (["draft", "export", "--for", "tgi"], "--for: invalid choice: 'tgi'"),
+])
+def test_argparses_own_errors_are_one_line_too(argv, option):
+    """An invalid choice or a value that is not a number printed argparse's usage (about 20 lines) before its error."""
+    proc = subprocess.run([sys.executable, "-m", "dflash", *argv], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: {option}") and "--help)" in proc.stderr
+
+
 @pytest.mark.parametrize("args,option", [
     (["--threads", "-1"], "--threads"),
     (["--device", "foo"], "--device"),

@@ -370,6 +370,10 @@ def test_metrics_csv_has_one_row_per_commit(runs):
     assert [int(r["accepted"]) for r in rows[1:]] == [v.accepted_len for v in verifies(events)]
     assert rows[-1]["n_out"] == "40" and rows[0]["controller"] == "prefill"
     assert metrics_rows(events)[1]["controller"].startswith("start at")
+    # Token kinds as the page names them: the prefill's token is "first" (it said "bonus"), no-draft tokens "target".
+    assert rows[0]["kinds"] == "first" and rows[1]["kinds"] == "draft draft draft bonus"
+    base = metrics_rows(runs["baseline"])
+    assert base[0]["kinds"] == "first" and {r["kinds"] for r in base[1:]} == {"target"}
 
 
 def test_csv_cells_cannot_start_formulas():

@@ -20,16 +20,23 @@ HISTORY_COLUMNS = ["run", "source", "preset", "draft", "block", "steps", "conf t
                    "finish", "baseline tok/s", "speedup", "identical"]
 
 
-def write_exports(root: Path, trace: Trace, history: list, run_id: int, max_age_s: float = 3600.0) -> dict[str, Any]:
+def write_exports(root: Path, trace: Trace, history: list | None, run_id: int | str,
+                  max_age_s: float = 3600.0) -> dict[str, Any]:
+    """The download buttons' files for the trace shown: `run_id` a run's number, or the source of a loaded trace
+    ("bundled", "upload"); `history` None leaves the history's file as it is (a loaded trace is not a run)."""
     prune(root, max_age_s)
     d = Path(tempfile.mkdtemp(prefix="run-", dir=root))
-    trace_path = d / f"dflash-run{int(run_id)}-trace.json"
-    metrics_path = d / f"dflash-run{int(run_id)}-metrics.csv"
-    history_path = d / "dflash-history.csv"
+    name = f"run{int(run_id)}" if isinstance(run_id, int) else str(run_id)
+    trace_path = d / f"dflash-{name}-trace.json"
+    metrics_path = d / f"dflash-{name}-metrics.csv"
     trace_path.write_text(dumps_trace(trace), encoding="utf-8")
     metrics_path.write_text(metrics_csv(trace.events), encoding="utf-8")
-    history_path.write_text(history_csv(history, HISTORY_COLUMNS), encoding="utf-8")
-    return {"export_trace": str(trace_path), "export_metrics": str(metrics_path), "export_history": str(history_path)}
+    out = {"export_trace": str(trace_path), "export_metrics": str(metrics_path)}
+    if history is not None:
+        history_path = d / "dflash-history.csv"
+        history_path.write_text(history_csv(history, HISTORY_COLUMNS), encoding="utf-8")
+        out["export_history"] = str(history_path)
+    return out
 
 
 def prune(root: Path, max_age_s: float) -> None:

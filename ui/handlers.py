@@ -320,7 +320,7 @@ class Playground:
             shown = view(replay.seek(last), show_rejected, baseline=replay.baseline_state(), compare=comp, hw=hw)
             label = replay.label(last)
         return {**shown, "status": f"**Loaded {source} trace:** {title}" + (f" — {note}" if note else ""),
-                "trace": state, **_cursor(replay.n_frames, last, label, trace.events)}
+                "trace": state, **_cursor(replay.n_frames, last, label, trace.events), **self.exports(trace, None, source)}
 
     def show_frame(self, state: dict | None, frame: Any, block: Any, show_rejected: bool, charts: bool = True) -> dict[str, Any]:
         if not state:
@@ -361,7 +361,7 @@ class Playground:
             self.runs.end(session, cancel)
 
     # -- exports ----------------------------------------------------------------------------------------------
-    def exports(self, trace: Trace, history: list, run_id: int) -> dict[str, Any]:
+    def exports(self, trace: Trace, history: list | None, run_id: int | str) -> dict[str, Any]:
         return write_exports(self.export_root, trace, history, run_id, self.settings.export_max_age_s)
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from dflash import events as ev
 from dflash.events import event_to_dict
 from dflash.registry import ASSETS
-from ui.render import count
+from ui.render import count, token_class
 from ui.run_state import RunState
 from ui.trace_schema import (MAX_RUN_EVENTS, MAX_TRACE_BYTES, MAX_TRACE_EVENTS, TraceError, check_event, check_meta,
                              check_run, shown)
@@ -247,6 +247,7 @@ def metrics_rows(events: list) -> list[dict[str, Any]]:
         if isinstance(e, ev.DraftStep):
             steps[e.block] = steps.get(e.block, 0) + 1
     verifies = {e.block: e for e in events if isinstance(e, ev.Verify)}
+    has_draft = next((bool(e.has_draft) for e in events if isinstance(e, ev.Started)), True)
     rows = []
     for c in (e for e in events if isinstance(e, ev.Commit)):
         v = verifies.get(c.block)
@@ -254,7 +255,8 @@ def metrics_rows(events: list) -> list[dict[str, Any]]:
         rows.append({"block": c.block, "source": v.source if v else "", "start": v.start if v else "",
                      "block_size": v.block_size if v else "", "proposed": len(v.draft_tokens) if v else 0,
                      "accepted": v.accepted_len if v else 0,
-                     "committed": len(c.token_ids), "kinds": " ".join(c.kinds),
+                     "committed": len(c.token_ids),  # the kinds as the page names them (first, target …)
+                     "kinds": " ".join(token_class(k, c.block, has_draft) for k in c.kinds),
                      "draft_ms": round(v.draft_ms, 3) if v else 0.0, "verify_ms": round(v.verify_ms, 3) if v else 0.0,
                      "t_ms": round(c.t_ms, 3), "n_out": c.n_out, "denoising_steps": 0 if copied else steps.get(c.block, 0),
                      "controller": sizes[c.block].reason if c.block in sizes else ("prefill" if c.block == 0 else "")})
