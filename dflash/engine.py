@@ -30,7 +30,6 @@ from dflash.request import MAX_PROMPT_TOKENS, Request
 from dflash.stats import compute_stats
 from dflash.step import Run, StepResult, TextStream, verify_rule
 from dflash.target import Target, chat_prompt_ids
-from dflash.verify import top2_gap
 
 log = logging.getLogger("dflash")
 
@@ -294,7 +293,7 @@ class Engine:
             return why
         first = run.rule.pick(logits[-1:], [len(prompt_ids)])[0]
         yield ev.Prefill(n_prompt_tokens=len(prompt_ids), ms=(time.perf_counter() - t0) * 1000)
-        commit, why = self._commit(run, 0, [first], [ev.BONUS], [-1.0], [first], logits[-1:])
+        commit, why = self._commit(run, 0, [first], [ev.BONUS], [-1.0], [first], logits[-1:], len(prompt_ids))
         yield commit
         run.pending, run.pending_pos = feats, 0  # the prompt's features become the draft's first context
         return (why, "") if why else None
@@ -348,7 +347,7 @@ class Engine:
         kinds = [source] * a + [ev.CORRECTION if a < len(drafted) else ev.BONUS]
         confs = (proposal.confidences[:a] if proposal else []) + [-1.0]
         commit, why = self._commit(run, block, drafted[:a] + [res.next_token], kinds, confs, res.target_tokens[: a + 1],
-                                   logits[: a + 1])
+                                   logits[: a + 1], start + 1)
         yield commit
         return StepResult(commit.token_ids, StepOutcome(b, a, draft_ms, verify_ms), why, source)
 
@@ -370,9 +369,10 @@ class Engine:
         return proposal
 
     def _commit(self, run: Run, block: int, new: list[int], kinds: list[str], confs: list[float],
-                targets: list[int], logits: torch.Tensor) -> tuple[ev.Commit, str | None]:
+                targets: list[int], logits: torch.Tensor, pos: int) -> tuple[ev.Commit, str | None]:
         """Append tokens, stopping at EOS/stop ids and max_new_tokens. Returns (Commit event, finish reason).
-        `logits` [len(new), V]: the target's rows that chose `new` (their top-2 gaps, greedy requests only)."""
+        `logits` [len(new), V]: the target's rows that chose `new`, at absolute positions pos, pos + 1, … (their
+        decision margins: `MatchRule.margins`)."""
         keep, why = run.take(new)
         # The last commit flushes a held-back partial character, so the deltas add up to Finished.text (a run
         # stopped by cancel, deadline or error can end without its last incomplete character in the deltas).
@@ -380,5 +380,5 @@ class Engine:
         n = len(keep)
         return ev.Commit(block=block, token_ids=keep, kinds=kinds[:n], texts=self.token_texts(keep), text_delta=delta,
                          n_out=len(run.out), confidences=confs[:n], target_tokens=targets[:n],
-                         target_gaps=top2_gap(logits[:n]) if run.req.temperature == 0.0 else [],
+                         target_gaps=run.rule.margins(logits[:n], list(range(pos, pos + n))) if n else [],
                          t_ms=(self.clock() - run.t_start) * 1000), why

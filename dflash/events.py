@@ -117,10 +117,10 @@ class Commit:
     confidences: list[float] = field(default_factory=list)
     target_tokens: list[int] = field(default_factory=list)
     t_ms: float = 0.0  # time since the request started
-    # Per token, greedy requests only (temperature 0): the target's top-1 minus top-2 logit (float32) at its
-    # position, the margin of its argmax; `dflash.stats.diagnose_difference` reads it. Empty for sampled
-    # requests: their choice is the argmax of logits / T + noise, whose margin the raw-logit gap is not.
-    # `dflash.verify.NO_GAP` where there is no runner-up.
+    # Per token: the margin of the target's choice at its position, in logits (float32) — top-1 minus top-2 of
+    # the logits (greedy), or of logits + T·noise (Gumbel-max sampling without top-k / top-p); see
+    # `dflash.step.MatchRule.margins`. `dflash.stats.diagnose_difference` reads it. Empty where the choice is not
+    # such an argmax (top-k / top-p, the rejection rule). `dflash.verify.NO_GAP` where there is no runner-up.
     target_gaps: list[float] = field(default_factory=list)
 
 

@@ -193,7 +193,7 @@ def diagnose_difference(ref_ids: list[int], ref_gaps: list[float] | None, run_id
 
 def output_gaps(events: Iterable[ev.Event]) -> list[float] | None:
     """The target's top-2 gap per output token, from the run's Commits; None when a Commit with tokens has none
-    (a sampled run, or a trace recorded before the gaps were)."""
+    (sampling with top-k / top-p, or a trace recorded before the gaps were)."""
     gaps: list[float] = []
     for e in events:
         if isinstance(e, ev.Commit) and e.token_ids:

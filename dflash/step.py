@@ -18,7 +18,7 @@ from dflash.drafter import DraftProposer, Proposal
 from dflash.lookup import NgramIndex, copied_span
 from dflash.request import Request
 from dflash.sampling import GUMBEL_TARGET, UNIFORM_ACCEPT, gumbel_noise, uniform_noise
-from dflash.verify import Outcome
+from dflash.verify import Outcome, top2_gap
 from dflash.verify_dispatch import match_verify, speculative_verify  # Triton on CUDA, dflash.verify elsewhere
 
 
@@ -30,11 +30,30 @@ class MatchRule:
 
     def __init__(self, req: Request, device: torch.device):
         self.req, self.device = req, device
+        self._noise: tuple[int, torch.Tensor] | None = None  # the last block's (first position, noise): margins reuse it
 
     def gumbel(self, positions: list[int], vocab: int) -> torch.Tensor | None:
-        """[len(positions), V] target noise when sampling; None when greedy."""
+        """[len(positions), V] target noise when sampling; None when greedy. `positions` are consecutive."""
         req = self.req
-        return gumbel_noise(req.seed, positions, vocab, GUMBEL_TARGET, self.device) if req.temperature > 0.0 else None
+        if req.temperature == 0.0:
+            return None
+        if self._noise is not None and self._noise[0] == positions[0] and len(self._noise[1]) >= len(positions):
+            return self._noise[1][: len(positions)]  # the committed rows of the block just verified
+        noise = gumbel_noise(req.seed, positions, vocab, GUMBEL_TARGET, self.device)
+        self._noise = (positions[0], noise)
+        return noise
+
+    def margins(self, logits: torch.Tensor, positions: list[int]) -> list[float]:
+        """The target's decision margin per row of logits [len(positions), V], in logits (`Commit.target_gaps`): the
+        top-2 gap of the logits (greedy) or of the noisy scores logits + T·g (Gumbel-max: the argmax of logits/T + g),
+        so a rounding of every logit by less than half of it keeps the token. [] where the token is not such an
+        argmax alone: top-k / top-p filtering, whose boundary can move with the rounding too."""
+        req = self.req
+        if req.temperature == 0.0:
+            return top2_gap(logits)
+        if req.top_k or req.top_p < 1.0:
+            return []
+        return top2_gap(logits.float() + req.temperature * self.gumbel(positions, logits.shape[-1]))
 
     def pick(self, logits: torch.Tensor, positions: list[int]) -> list[int]:
         """The target's own token at each absolute position (nothing drafted); logits [len(positions), V]."""
@@ -59,6 +78,10 @@ class RejectionRule(MatchRule):
     def __init__(self, req: Request, device: torch.device):
         super().__init__(req, device)
         self.draft_sampling = {"temperature": req.temperature, "top_k": req.top_k, "top_p": req.top_p, "seed": req.seed}
+
+    def margins(self, logits: torch.Tensor, positions: list[int]) -> list[float]:
+        """[]: an accepted draft token is the draft's sample, not the target's argmax (only the law is the target's)."""
+        return []
 
     def verify(self, drafted: list[int], proposal: Proposal | None, logits: torch.Tensor,
                positions: list[int]) -> Outcome:

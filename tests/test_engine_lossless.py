@@ -294,14 +294,29 @@ def test_every_greedy_commit_carries_the_targets_gap_per_token(models, drafter):
         assert any(len(c.token_ids) > 1 for c in commits_), "the case needs accepted drafts"
 
 
-def test_sampled_commits_carry_no_gaps(models):
-    """A sampled token is the argmax of logits / T + noise: the raw-logit gap is not its margin, so none is kept."""
+def test_sampled_commits_carry_the_margin_of_the_noisy_scores(models):
+    """A sampled token (match rule, no top-k / top-p) is the argmax of logits + T·noise at its position: its margin
+    is that sum's top-2 gap, recomputed here from one teacher-forced forward of the output. The rejection rule and
+    top-p sampling keep none (their tokens are not such an argmax alone)."""
+    from dflash.sampling import GUMBEL_TARGET, gumbel_noise
+    from dflash.verify import top2_gap
+
     _, engine = models["qwen3"]
     with_drafter(engine, None, [])
-    for verify in ("match", "rejection"):
-        res = engine.generate(Request(prompt_ids=(3, 1, 4), max_new_tokens=12, block_size=4, temperature=0.8, seed=2,
-                                      verify=verify))
-        assert all(c.target_gaps == [] for c in res.events if isinstance(c, Commit))
+    prompt, t = [3, 1, 4], 0.8
+    res = engine.generate(Request(prompt_ids=tuple(prompt), max_new_tokens=12, block_size=4, temperature=t, seed=2))
+    gaps = [g for c in res.events if isinstance(c, Commit) for g in c.target_gaps]
+    seq = prompt + res.output_ids
+    logits, _ = engine.target.forward(torch.tensor([seq[:-1]]), engine.target.new_cache(), capture=False)
+    rows = logits[len(prompt) - 1:].float()  # [n_out, V]: the row that chose output token j
+    positions = list(range(len(prompt), len(seq)))
+    scores = rows + t * gumbel_noise(2, positions, rows.shape[-1], GUMBEL_TARGET)
+    assert scores.argmax(-1).tolist() == res.output_ids
+    assert gaps == pytest.approx(top2_gap(scores), abs=1e-3)
+    for extra in ({"verify": "rejection"}, {"top_p": 0.9}):
+        other = engine.generate(Request(prompt_ids=tuple(prompt), max_new_tokens=12, block_size=4, temperature=t, seed=2,
+                                        **extra))
+        assert all(c.target_gaps == [] for c in other.events if isinstance(c, Commit))
 
 
 def test_a_draft_fusing_the_last_layer_is_lossless():

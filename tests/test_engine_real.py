@@ -66,15 +66,17 @@ def _shipped_engine(dtype: torch.dtype, layout: str) -> Engine:
     return Engine(target, draft, vocab, name="default")
 
 
-def _compare_on_prompts(engine: Engine, n_prompts: int = 6, max_new_tokens: int = 48) -> list[dict | None]:
-    """Greedy DFlash against the no-draft loop on MT-Bench prompts: the diagnosis of each (None: identical)."""
+def _compare_on_prompts(engine: Engine, n_prompts: int = 6, max_new_tokens: int = 48, **sampling) -> list[dict | None]:
+    """DFlash against the no-draft loop on MT-Bench prompts (greedy unless `sampling` gives a temperature and seed):
+    the diagnosis of each (None: identical)."""
     from dflash.datasets import load_prompts
     from dflash.stats import diagnose_difference, output_gaps
 
     dtype = str(engine.target.dtype).removeprefix("torch.")
     out = []
     for prompt in load_prompts("mt-bench", n_prompts):
-        runs = [engine.generate(Request(prompt=prompt, max_new_tokens=max_new_tokens, use_draft=d)) for d in (False, True)]
+        runs = [engine.generate(Request(prompt=prompt, max_new_tokens=max_new_tokens, use_draft=d, **sampling))
+                for d in (False, True)]
         base, dflash = runs
         out.append(diagnose_difference(base.output_ids, output_gaps(base.events), dflash.output_ids,
                                        output_gaps(dflash.events), dtype))
@@ -92,6 +94,22 @@ def test_every_bfloat16_difference_is_a_diagnosed_numerical_tie():
     differ, but only where both runs' top-2 logit gaps are within the measured tie bound."""
     found = _compare_on_prompts(_shipped_engine(torch.bfloat16, "linear"))
     assert all(d is None or d["verdict"] == "tie" for d in found), found
+
+
+def test_every_sampled_bfloat16_difference_is_a_diagnosed_numerical_tie():
+    """Sampling (per-position noise, no top-p): the target's token is the argmax of logits + T·noise, so its margin
+    is diagnosed as greedy's is (sampled differences were "not shown to be a tie": no margin was recorded)."""
+    engine = _shipped_engine(torch.bfloat16, "linear")
+    found = _compare_on_prompts(engine, temperature=0.7, seed=3)
+    assert all(d is None or (d["verdict"] == "tie" and d["ref_gap"] is not None) for d in found), found
+    # The margins are recorded for every token, and are the noisy scores' (not the logits') top-2 gaps.
+    res = engine.generate(Request(prompt="Name three colours.", max_new_tokens=12, temperature=0.7, seed=3))
+    from dflash.stats import output_gaps
+    gaps = output_gaps(res.events)
+    assert gaps is not None and len(gaps) == len(res.output_ids) and all(g >= 0 for g in gaps)
+    # With top-p the nucleus's edge can move with the rounding too: no margin is claimed.
+    cut = engine.generate(Request(prompt="Name three colours.", max_new_tokens=6, temperature=0.7, top_p=0.9, seed=3))
+    assert output_gaps(cut.events) is None
 
 
 def test_copying_from_the_context_is_identical_on_real_prompts():

@@ -37,7 +37,7 @@ def difference_words(comp: dict) -> str:
     if d["ref_token"] is None or d["run_token"] is None:
         return "NOT a tie (one output ends there) — a bug"
     if d["ref_gap"] is None or d["run_gap"] is None:
-        return "not shown to be a tie (no top-2 gaps recorded: a sampled run or an older trace)"
+        return "not shown to be a tie (no top-2 gaps recorded: sampling with top-k / top-p, or an older trace)"
     gaps = f"top-2 gaps {d['ref_gap']:.3g} / {d['run_gap']:.3g}"
     if d["verdict"] == "tie":
         return f"numerical tie ({gaps} ≤ {d['bound']:.3g}, {dtype})"

@@ -39,7 +39,7 @@ INFO = {
     "max_block": "Largest block an adaptive policy may choose (and the cap for the block size).",
     "temperature": ("0 = greedy (deterministic). Above 0 the target samples with per-position seeded noise, so DFlash and "
                     "the baseline still match — token for token in float32; in the fast bfloat16 mode they can part where "
-                    "two tokens' noisy scores are a numerical tie."),
+                    "two tokens' noisy scores are a numerical tie, which Compare diagnoses (without top-p)."),
     "top_p": "Nucleus sampling: keep the smallest set of tokens whose probability adds up to this (used when temperature > 0).",
     "max_new_tokens": "Upper limit on the answer's length in tokens.",
     "seed": ("Seed of the sampling noise (same seed → same tokens in float32; in bfloat16 a rerun's block sizes, "
