@@ -229,6 +229,23 @@ def test_compare_diagnoses_a_difference_from_both_runs_gaps(monkeypatch):
     assert compare([1, 2, 3], [1, 5, 6], "length", [1.0, 0.03, 2.0], None, "bfloat16")["diagnosis"]["verdict"] == "error"
 
 
+def test_sampled_runs_of_the_engines_methods_are_compared_with_ar(bench_dir, tmp_path):
+    """Sampling with per-position noise: ar, dflash and dflash-lookup draw the same tokens for the same seed, so the
+    bench checks it (float32: identical); transformers' sampling has its own random stream and stays uncompared."""
+    d, _ = bench_dir
+    out = tmp_path / "sampled.json"
+    assert main(_args(d, out, "--methods", "ar,dflash,dflash-lookup,hf-generate", "--no-warmup", "--temperature", "0.9",
+                      "--seed", "4", "--dtype", "float32")) == 0
+    r = json.loads(out.read_text())
+    assert not r["config"]["greedy"]
+    for p in r["prompts"]:
+        assert p["methods"]["dflash"]["identical"] and p["methods"]["dflash-lookup"]["identical"]
+        assert p["methods"]["hf-generate"]["identical"] is None and p["methods"]["ar"]["identical"] is None
+    assert r["summary"]["dflash"]["identical"]["n_identical"] == len(PROMPTS) and r["differences"] == []
+    assert r["summary"]["hf-generate"]["identical"] is None
+    assert "Every compared output (the engine's methods, same seed" in out.with_suffix(".md").read_text()
+
+
 def test_a_lossy_dflash_run_is_diagnosed_against_ar(bench_dir, tmp_path):
     """Relaxed acceptance makes dflash differ from ar for real: each differing record carries the numerical diagnosis
     from both runs' recorded gaps (float32: never a tie), and the summary, the differences and the Markdown call the

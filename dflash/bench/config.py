@@ -72,6 +72,14 @@ class BenchConfig:
     def greedy(self) -> bool:
         return float(self.request.get("temperature", 0.0)) == 0.0
 
+    def compared(self, method: str) -> bool:
+        """Whether `method`'s output is compared with ar's: every method's when greedy; when sampling, the engine's
+        own methods under the match rule (the same noise per position gives the same tokens), not transformers'
+        (its own random stream) nor the rejection rule (the same law, other tokens)."""
+        if method == "ar" or "ar" not in self.methods:
+            return False
+        return self.greedy or (method in ENGINE_METHODS and self.request.get("verify", "match") == "match")
+
     def make_request(self, prompt_ids, use_draft: bool, **override) -> Request:
         return Request(prompt_ids=tuple(prompt_ids), use_draft=use_draft, **{**self.request, **override})
 

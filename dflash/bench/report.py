@@ -73,7 +73,7 @@ def summarize_method(prompts: list[dict], method: str, baseline: str, repeats: i
         "identical": None,
         "speedup": None,
     }
-    if greedy and method != "ar" and any(p["methods"][method]["identical"] is not None for p in mine):
+    if method != "ar" and any(p["methods"][method]["identical"] is not None for p in mine):  # compared runs
         same = [p["index"] for p in mine if p["methods"][method]["identical"]]
         differ = [p["index"] for p in mine if p["methods"][method]["identical"] is False]
         verdicts = [_verdict(p["methods"][method]) for p in mine]
@@ -95,7 +95,7 @@ def summarize_method(prompts: list[dict], method: str, baseline: str, repeats: i
 
 
 def _verdict(rec: dict) -> str | None:
-    """Why a greedy output differs from `ar`: "lossy" when the compared run accepted drafts by the relaxed rule
+    """Why a compared output (greedy, or sampled by the engine) differs from `ar`: "lossy" when the compared run accepted drafts by the relaxed rule
     (acceptance threshold < 1: its stats count tokens that differ from the target's own choice, so the difference
     is the opt-in loss, not a fault), else the numerical diagnosis, "tie" or "error" (a record written before
     diagnoses: "error", nothing shows it to be a tie). None when it does not differ."""
@@ -113,7 +113,7 @@ def _drift_tokens(rec: dict) -> int:
 
 
 def differences(prompts: list[dict]) -> list[dict]:
-    """Every prompt × method whose greedy output differs from `ar`, with where, what and the diagnosis (both runs'
+    """Every prompt × method whose compared output differs from `ar`, with where, what and the diagnosis (both runs'
     top-2 gaps there, the dtype's tie bound, "tie" or "error"). A token is None past the end of its output."""
     out = []
     for p in prompts:
@@ -200,11 +200,14 @@ def markdown(result: dict) -> str:
                      f"| {ident} | {s['rss_peak_mb']:.0f} (+{s['rss_increase_mb']:.0f}) |")
     diffs = result.get("differences") or []
     if diffs:
-        lines += ["", "Greedy outputs that differ from `ar`:", ""]
+        lines += ["", f"{'Greedy outputs' if cfg['greedy'] else 'Outputs (same seed)'} that differ from `ar`:", ""]
         lines += [f"- prompt {d['prompt']}, {d['method']}: first difference at output token {d['first_diff']} "
                   f"(ar {d['ar_token']}, {d['method']} {d['method_token']}): {_why(d)}" for d in diffs]
     elif cfg["greedy"] and "ar" in cfg["methods"] and len(cfg["methods"]) > 1:
         lines += ["", "Every greedy output equals the `ar` output."]
+    elif any(result["summary"][m]["identical"] for m in cfg["methods"]):  # sampled: the engine's methods, compared
+        lines += ["", "Every compared output (the engine's methods, same seed and noise per position) equals the `ar` "
+                      "output."]
     return "\n".join(lines) + "\n"
 
 

@@ -139,7 +139,7 @@ def run_prompt(engine: Engine, item: PromptItem, cfg: BenchConfig, on_run: Calla
         rec = {"output_ids": first, "text": engine.decode(first), "finish_reason": runs[m][0]["finish_reason"],
                "repeats_agree": all(o.output_ids == first for o in outputs[m]), "identical": None, "first_diff": None,
                "same_length": None, "diagnosis": None, "runs": runs[m]}
-        if cfg.greedy and "ar" in cfg.methods and m != "ar":
+        if cfg.compared(m):
             ref, out = outputs["ar"][0], outputs[m][0]
             rec.update(compare(ref.output_ids, first, rec["finish_reason"], ref.target_gaps, out.target_gaps, dtype))
         record["methods"][m] = rec
