@@ -20,13 +20,18 @@ HISTORY_COLUMNS = ["run", "source", "preset", "draft", "block", "steps", "conf t
                    "finish", "baseline tok/s", "speedup", "identical"]
 
 
+LOADED_SOURCES = ("bundled", "upload")  # where a loaded trace came from: its exports' name
+
+
 def write_exports(root: Path, trace: Trace, history: list | None, run_id: int | str,
                   max_age_s: float = 3600.0) -> dict[str, Any]:
     """The download buttons' files for the trace shown: `run_id` a run's number, or the source of a loaded trace
     ("bundled", "upload"); `history` None leaves the history's file as it is (a loaded trace is not a run)."""
     prune(root, max_age_s)
     d = Path(tempfile.mkdtemp(prefix="run-", dir=root))
-    name = f"run{int(run_id)}" if isinstance(run_id, int) else str(run_id)
+    if not isinstance(run_id, int) and run_id not in LOADED_SOURCES:  # never text from a request in a file name
+        raise ValueError(f"run_id must be a run number or one of {LOADED_SOURCES}, got {run_id!r}")
+    name = f"run{int(run_id)}" if isinstance(run_id, int) else run_id
     trace_path = d / f"dflash-{name}-trace.json"
     metrics_path = d / f"dflash-{name}-metrics.csv"
     trace_path.write_text(dumps_trace(trace), encoding="utf-8")
