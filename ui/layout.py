@@ -201,7 +201,8 @@ def replay_tab(traces: list[str]) -> dict[str, Any]:
         gr.Markdown(text.REPLAY_HELP)
         with gr.Row():
             r = {"trace_select": gr.Dropdown(traces, value=traces[0] if traces else None, label="Bundled traces",
-                                             allow_custom_value=False, elem_id="trace-select", scale=3),
+                                             allow_custom_value=False, elem_id="trace-select", scale=3,
+                                             min_width=300),  # wraps the row on a phone rather than cut the name to a word
                  "load_trace": gr.Button("Load trace", elem_id="load-trace", scale=1),
                  "upload": gr.File(label="…or upload a trace JSON", file_types=[".json", ".jsonl"],
                                    elem_id="trace-upload", scale=2)}

@@ -72,9 +72,14 @@ def show_text(text: str, breaks: bool = True) -> str:
     return html.escape("".join(out), quote=True)
 
 
+def plural(n: int, noun: str) -> str:
+    """The noun in the number `n` asks for (regular plurals only): "token", "tokens"."""
+    return noun if n == 1 else f"{noun}s"
+
+
 def count(n: int, noun: str) -> str:
-    """"1 token", "3 tokens": a count with its noun in the right number (regular plurals only)."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+    """"1 token", "3 tokens"."""
+    return f"{n} {plural(n, noun)}"
 
 
 def quoted(text: str) -> str:

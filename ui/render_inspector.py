@@ -7,7 +7,7 @@ Cells show the draft's token and confidence (shading) or MASK (hatched), the pos
 from __future__ import annotations
 
 from dflash import events as ev
-from ui.render import BlockInfo, attr, count, quoted, show_text
+from ui.render import BlockInfo, attr, count, plural, quoted, show_text
 from ui.run_state import RunState, as_state
 
 
@@ -27,7 +27,7 @@ def block_summary(info: BlockInfo) -> str:
         return f"Block {info.block}: no draft — the target decodes one token ({token})."
     a = v.accepted_len
     copied = v.source == ev.COPY
-    tokens = count(drafted, "token").removeprefix(f"{drafted} ")
+    tokens = plural(drafted, "token")
     what, who = (f"{tokens} copied from the context (no draft pass)", "copy") if copied else (f"drafted {tokens}", "draft")
     if a == drafted:
         verdict = f"all {drafted} {what} accepted, +1 bonus token {quoted(v.target_texts[-1])}"
