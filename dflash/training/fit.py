@@ -21,6 +21,7 @@ from dflash.draft import DFlashDraftModel, DraftConfig, build_target_layer_ids, 
 from dflash.errors import ValidationError
 from dflash.training.corpus import Corpus, feature_columns, frequent_vocab, split_last_layer
 from dflash.training.fit_config import FitConfig, option, read_data_meta
+from dflash.training.interrupt import deferred_interrupt
 from dflash.training.objective import (block_attention_mask, cosine_lr, default_gamma, on_policy_prefix, partial_mask,
                                        position_weights, sample_anchors, weighted_loss)
 
@@ -357,10 +358,13 @@ class Trainer:
         self.trim_log()
         self.log_start()
         t0, start = time.time(), self.step
-        # `with` closes the bar on Ctrl-C too, so the CLI's "interrupted" gets a line of its own.
-        with tqdm(total=self.cfg.steps, initial=self.step, disable=not progress, desc="fit") as bar, \
-                self.log_path.open("a") as logf:
+        # `with` closes the bar on Ctrl-C too, so the CLI's "interrupted" gets a line of its own; Ctrl-C stops at the
+        # end of a step (its log row written), never inside the reading of a shard.
+        with deferred_interrupt() as ctrl_c, self.log_path.open("a") as logf, \
+                tqdm(total=self.cfg.steps, initial=self.step, disable=not progress, desc="fit") as bar:
             while self.step < (self.cfg.stop_at or self.cfg.steps):
+                if ctrl_c.is_set():
+                    raise KeyboardInterrupt
                 m = self.train_step()
                 m["s_per_step"] = (time.time() - t0) / (self.step - start)
                 bar.update(1)
