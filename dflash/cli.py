@@ -101,7 +101,7 @@ def check_model_args(args: argparse.Namespace) -> None:
     check_draft_option(args)
     if args.threads is not None and args.threads < 1:
         raise ValidationError("--threads", f"must be >= 1, got {args.threads}")
-    if args.device:  # the loader's own check (it imports torch: only when a device is named)
+    if getattr(args, "device", None):  # the loader's own check (it imports torch: only when a device is named)
         from dflash.load import pick_device
 
         pick_device(args.device)

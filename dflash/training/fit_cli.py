@@ -29,12 +29,11 @@ def cmd_fit(args: argparse.Namespace) -> int:
 def eval_prompts(args: argparse.Namespace) -> list[str | list[int]]:
     """The prompts to evaluate (text, or a JSONL row's token ids as they are), after every option error that needs
     no model (one line naming the option)."""
-    from dflash.cli import check_draft_option, check_output_path
+    from dflash.cli import check_model_args, check_output_path
     from dflash.datasets import prompt_rows
     from dflash.request import Request
 
-    if args.threads is not None and args.threads < 1:
-        raise ValidationError("--threads", f"must be >= 1, got {args.threads}")
+    check_model_args(args)  # --draft, --threads: as every command that loads a model checks them
     if args.limit < 1:  # prompt_rows would read 0 as "all" and -5 as "all but the last 5"
         raise ValidationError("--limit", f"must be >= 1, got {args.limit}")
     if args.output:  # not after the whole evaluation
@@ -42,7 +41,6 @@ def eval_prompts(args: argparse.Namespace) -> list[str | list[int]]:
     # A request field's error names the field; the CLI prints the option it stands for (dflash.cli.option_name).
     Request(prompt_ids=(0,), max_new_tokens=args.max_new_tokens, block_size=args.block_size,
             diffusion_steps=args.steps, temperature=args.temperature, seed=args.seed)
-    check_draft_option(args)
     return [r.text if r.ids is None else r.ids for r in prompt_rows(args.prompts, args.limit)]
 
 
