@@ -28,10 +28,12 @@ def serve(*argv: str, env: dict | None = None, timeout: float = 120) -> subproce
 
 
 def assert_draft_error(proc: subprocess.CompletedProcess, says: str) -> None:
-    """Exit status 2, no traceback, the last line `dflash-playground: error: --draft: …` containing `says`."""
+    """Exit status 2, no traceback, the last line `dflash-playground: error: --draft: …` containing `says` (refused
+    before anything loads: the only line)."""
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("dflash-playground: error: --draft: ") and says in last, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("dflash-playground: error: --draft: ") and says in lines[-1], proc.stderr
+    assert len(lines) == 1 or "loading preset" in proc.stderr, proc.stderr
 
 
 def copy_of_the_shipped_draft(path: Path, dflash: dict | None = None, **config) -> Path:
@@ -65,6 +67,16 @@ def test_a_wrong_draft_directory_is_named_at_once(tmp_path, make, says):
     # DFLASH_DRAFT is the same setting, for hosts where the operator sets variables rather than arguments.
     env = {**ENV, "PYTHONPATH": str(tmp_path), "DFLASH_DRAFT": str(path)}
     assert_draft_error(serve(env=env), says)
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--port", "8000"], "unrecognized arguments: --port 8000"),
+    (["--draft"], "--draft: expected one argument"),
+])
+def test_a_command_line_error_is_one_line(argv, says):
+    proc = serve(*argv)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"dflash-playground: error: {says} (usage: python app.py --help)"], proc.stderr
 
 
 def test_help_lists_the_option_and_the_environment():

@@ -15,6 +15,7 @@ import argparse
 import logging
 import os
 import sys
+from typing import NoReturn
 
 from dflash.registry import draft_dir_problem
 
@@ -22,9 +23,16 @@ DRAFT_ENV = "DFLASH_DRAFT"
 PROG = "dflash-playground"
 
 
+class _Parser(argparse.ArgumentParser):
+    """Every command-line error in one line, `dflash-playground: error: --option: …`, as the CLI's (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{PROG}: error: {message.removeprefix('argument ')} (usage: python app.py --help)\n")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line, checked before torch is imported: a wrong --draft answers at once."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG, description="Serve the DFlash playground on http://127.0.0.1:7860 (GRADIO_SERVER_PORT: another port).",
         epilog="Environment: DFLASH_THREADS (torch's CPU threads), DFLASH_DTYPE (float32 = exact | bfloat16 = fast), "
                "DFLASH_PROBE (0: skip the CPU settings probe; refresh: measure again), DFLASH_PRESETS (presets visitors "

@@ -19,6 +19,7 @@ import torch
 
 from dflash.training.data_config import (WINDOW_BATCHES, DataConfig, TeacherForcedConfig, check_layers_exist, check_resume,
                                          generation_settings, stored_rows, write_meta)
+from dflash.training.interrupt import shielded
 
 log = logging.getLogger("dflash.train")
 
@@ -167,9 +168,10 @@ def write_shards(model, tokenizer, target: str, prompts: list[list[int]], out_di
         lens = torch.tensor([0] + [len(x) for x in ids])
         tensors = {"input_ids": torch.cat(ids), "offsets": lens.cumsum(0), "prompt_lens": torch.tensor([len(p) for p in batch]),
                    "features": torch.cat([r[1] for r in rows]), "final_hidden": torch.cat([r[2] for r in rows])}
-        tmp = path.with_suffix(".tmp")
-        save_file(tensors, str(tmp), metadata={"temperature": str(temp)})
-        tmp.replace(path)
+        with shielded():  # a Ctrl-C here waits for the shard to be whole
+            tmp = path.with_suffix(".tmp")
+            save_file(tensors, str(tmp), metadata={"temperature": str(temp)})
+            tmp.replace(path)
         done_tokens += sum(len(r[0]) - len(p) for r, p in zip(rows, batch))
         log.info("shard %d/%d (T=%.1f): %d response tokens so far, %.1f tok/s", s + 1, n_shards, temp, done_tokens,
                  done_tokens / (time.time() - t0))
@@ -186,8 +188,9 @@ def drop_stale(out: Path, plans: list[list[tuple[list[int], int]]], prompt_only:
     old ones whose sequences a new shard also holds (trained on twice, or held out and trained on)."""
     for s, planned in enumerate(plans):
         path = shard_path(out, s)
-        if path.exists() and not keep_shard(path, planned, prompt_only):
-            path.unlink()
+        with shielded():  # a Ctrl-C inside safetensors' reading would surface as a ValueError, not an interrupt
+            if path.exists() and not keep_shard(path, planned, prompt_only):
+                path.unlink()
 
 
 def keep_shard(path: Path, planned: list[tuple[list[int], int]], prompt_only: bool) -> bool:
@@ -287,9 +290,10 @@ def write_teacher_forced(model, pad: int, rows: list[tuple[list[int], list[int]]
         tensors = {"input_ids": torch.cat([torch.tensor(x[0]) for x in res]), "offsets": lens.cumsum(0),
                    "prompt_lens": torch.tensor([len(p) for p, _ in batch]), "features": torch.cat([x[1] for x in res]),
                    "final_hidden": torch.cat([x[2] for x in res]), "target_pred": torch.cat([x[3] for x in res])}
-        tmp = path.with_suffix(".tmp")
-        save_file(tensors, str(tmp))
-        tmp.replace(path)
+        with shielded():
+            tmp = path.with_suffix(".tmp")
+            save_file(tensors, str(tmp))
+            tmp.replace(path)
         done += sum(len(r) for _, r in batch)
         log.info("teacher-forced shard %d/%d: %d response tokens, %.1f tok/s", s // bs + 1, (len(rows) + bs - 1) // bs,
                  done, done / (time.time() - t0))

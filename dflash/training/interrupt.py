@@ -30,3 +30,13 @@ def deferred_interrupt() -> Iterator[threading.Event]:
         yield stop
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def shielded() -> Iterator[None]:
+    """A short section that Ctrl-C must not cut (reading or writing a shard): a Ctrl-C inside it is raised as
+    KeyboardInterrupt when the section ends; a second one, at once."""
+    with deferred_interrupt() as stop:
+        yield
+    if stop.is_set():
+        raise KeyboardInterrupt
