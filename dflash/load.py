@@ -78,7 +78,7 @@ def _gguf_location(spec: str) -> tuple[Path, str]:
 
 
 def _load_gguf(spec: str, **gpu):
-    """Dequantize once (~30 s), then keep a float32 safetensors copy in CACHE_DIR so later loads take ~1 s.
+    """Dequantize once, then keep a float32 safetensors copy in CACHE_DIR that later loads read instead.
 
     gpu: from_pretrained options for the CUDA path (dtype, device_map, quantization_config): the model is then
     loaded from that safetensors copy, so bitsandbytes / accelerate see an ordinary checkpoint.

@@ -135,14 +135,35 @@ def lookup_section() -> str:
     return "\n\n".join(out + [table(n).split("\nGreedy outputs that differ")[0].rstrip() for n, _ in files])
 
 
+def probe_source(host: dict, cpu_model: str) -> str:
+    """Where a run's settings came from, and how they compare with the probe recorded for the same CPU in
+    results/host/ (the "CPU settings per host" table): a cached probe taken at another time can choose otherwise."""
+    version = (host.get("machine") or {}).get("probe_version", "?")
+    said = ("the host probe's choice, measured at the run's start" if host.get("source") == "probe"
+            else f"the host probe's choice cached on that machine, probe version {version}")
+    for path in sorted((res / "host").glob("*.json")):
+        rec = json.loads(path.read_text())
+        if "candidates" not in rec or rec["machine"]["cpu_model"] != cpu_model:
+            continue
+        chosen = (rec["dtype"], rec["threads"], rec["layout"])
+        if chosen != (host["dtype"], host["threads"], host["layout"]):
+            won = next(c for c in host.get("candidates", []) if (c["dtype"], c["threads"]) == chosen[:2])
+            said += (f"; the probe recorded for this CPU in \"CPU settings per host\" (version "
+                     f"{rec['machine']['probe_version']}) chose {chosen[0]}, {chosen[1]} threads, `{chosen[2]}`, where the "
+                     f"cached one had scored that setting's layouts {won['score_ms']:.0f} ms (`{won['layout']}`) against "
+                     f"{won.get('other_layout_score_ms') or float('nan'):.0f} ms: close settings, chosen differently by "
+                     "probes at different times")
+    return said
+
+
 def machine(d: dict) -> str:
     """The host of the headline run `d` (its JSON): CPU, flags, the settings the probe chose, software, load."""
     m, host = d["machine"], d["models"].get("host") or {}
     flags = ", ".join((host.get("machine") or {}).get("cpu_flags", [])) or m.get("cpu_capability", "?")
     load = d["machine"]["load_average"]
-    draft = str(d["models"].get("draft")).removeprefix(str(root) + "/")  # the path inside this repository
+    draft = re.sub(r"^.*/(assets/)", r"\1", str(d["models"].get("draft")))  # the path inside the repository it ran in
     settings = (f"{host['dtype']}, {host['threads']} threads, decoder weights in the `{host['layout']}` layout "
-                f"({host['mode']}; chosen by the host probe, see \"CPU settings per host\")" if host
+                f"({host['mode']}; {probe_source(host, m['cpu_model'])})" if host
                 else f"{d['models']['dtype']}, {m['torch_threads']} threads")
     return (f"{m['cpu_model']}, {m['logical_cores']} cores ({flags}), {m['memory_gb']:.0f} GiB RAM, no GPU; Python "
             f"{m['python']}, torch {m['torch']}, transformers {m['transformers']}. Target: SmolLM2-135M-Instruct "
@@ -150,6 +171,17 @@ def machine(d: dict) -> str:
             f"{settings}. Nothing else ran during the measurements (load average {load[0]:.1f} at the start of the "
             "MT-Bench run; every result file records its own). Ratios come from one process with the methods "
             "interleaved on each prompt.")
+
+
+def uncompared_note(name: str) -> str:
+    """A sampled run from before the bench compared sampled runs of its own methods with `ar` shows "—" where a
+    newer run shows a count: say why, rather than leave it to look like a comparison that failed."""
+    d = json.loads((res / f"{name}.json").read_text())
+    if d["config"]["greedy"] or any(s.get("identical") for m, s in d["summary"].items() if m != "ar"):
+        return ""
+    return ("This result was recorded before the bench compared sampled runs with `ar` (its `identical` fields are "
+            "null); running its command again records the comparison (same seed and noise per position: the same tokens "
+            "in float32).")
 
 
 def mtbench_scope(d: dict) -> str:
@@ -178,6 +210,8 @@ The draft's own evaluation (τ on all 80 MT-Bench first turns and 80 HumanEval p
 {table("humaneval-greedy")}
 
 {table("mtbench-t0.7")}
+
+{uncompared_note("mtbench-t0.7")}
 
 ### The knobs on the shipped draft
 

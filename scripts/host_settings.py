@@ -15,7 +15,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,12 +44,18 @@ def record(only: tuple[str, ...] = PARTS) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     written = []
     if "probe" in only:
-        with tempfile.TemporaryDirectory() as cache:  # a fresh probe, not this machine's cached choice
-            os.environ["DFLASH_CACHE"] = cache
-            from dflash.bench.machine import load_average
-            from dflash.load import load_engine
+        # A fresh probe, cached as this machine's choice: the benchmarks run after it (scripts/final_bench.sh) use
+        # the settings recorded here, not an older cached probe that may have chosen otherwise.
+        from dflash.bench.machine import load_average
+        from dflash.load import load_engine
 
+        before, os.environ["DFLASH_PROBE"] = os.environ.get("DFLASH_PROBE"), "refresh"
+        try:
             _, info = load_engine()
+        finally:  # the profiles below (subprocesses) read that cached choice, never probe again
+            os.environ.pop("DFLASH_PROBE")
+            if before is not None:
+                os.environ["DFLASH_PROBE"] = before
         doc = {"command": "python scripts/host_settings.py record", "load_average": load_average(), **info["host"]}
         (OUT / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
         written.append(f"{name}.json")

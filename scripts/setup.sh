@@ -4,6 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# The pinned numpy and transformers need Python 3.11 or newer: say so, rather than pip's "no matching distribution".
+if [ ! -x .venv/bin/python ] && ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "setup: Python 3.11 or newer is needed; $PY is $("$PY" -V 2>&1) (choose another with PYTHON=python3.12)" >&2
+  exit 1
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=.venv/.dflash-setup
 want=$(cat requirements.txt requirements-data.txt requirements-dev.txt 2>/dev/null | sha256sum | cut -d' ' -f1)

@@ -57,7 +57,9 @@ def data_rows() -> list[str]:
     rows = ["| set | shards | response tokens | wall time | response tok/s | command |", "|---|---|---|---|---|---|"]
     for name, (shard, total, tokens, rate), cmd in data_logs():
         secs = int(tokens) / float(rate)
-        rows.append(f"| {name} | {shard} of {total} | {int(tokens):,} | {secs / 60:.0f} min | {float(rate):.0f} | `{cmd}` |")
+        # A log's command line may end in a note, "  (…)": outside the code span, so what is quoted runs as pasted.
+        run, note = (re.match(r"(.*?)\s{2,}(\(.*\))$", cmd) or re.match(r"(.*)()$", cmd)).groups()
+        rows.append(f"| {name} | {shard} of {total} | {int(tokens):,} | {secs / 60:.0f} min | {float(rate):.0f} | `{run}` {note} |")
     return rows
 
 
@@ -107,6 +109,7 @@ def eval_rows() -> tuple[list[str], dict]:
         summary[path.stem[5:]] = {k: d.get(k) for k in ("prompts", "n_prompts", "max_new_tokens", "temperature", "tau",
                                                           "speedup", "identical")}
         summary[path.stem[5:]]["cpu"] = d["machine"]["cpu_model"]
+        summary[path.stem[5:]]["settings"] = settings_words(d["settings"]) if d.get("settings") else "settings not recorded"
         summary[path.stem[5:]]["cpu_flags"] = d["machine"].get("cpu_flags")
     return rows, summary
 
@@ -120,6 +123,17 @@ def tau_standard_error(histogram: dict) -> float:
     return math.sqrt(var / n)
 
 
+def run_host(run: str) -> str:
+    """The CPU a training run's last (re)start ran on (its runs.jsonl)."""
+    return jsonl(RES / run / "runs.jsonl")[-1]["machine"]["cpu_model"]
+
+
+def home_host() -> str:
+    """The CPU of the shipped draft's training, named in the report's first lines: other hosts are named where used."""
+    shipped = json.loads((RES / "shipped.json").read_text())
+    return run_host((shipped.get("lineage") or [shipped["run"]])[-1])
+
+
 def ablation_rows(runs: list[dict], at: int) -> list[str]:
     rows = [f"| run | change | real-loop τ at step {at:,} (± s.e.) | held-out τ_tf | supervised positions | s/step |",
             "|---|---|---|---|---|---|"]
@@ -130,8 +144,12 @@ def ablation_rows(runs: list[dict], at: int) -> list[str]:
             se = tau_standard_error(curve[at]["histogram"])
             rows.append(f"| {run['run']} | {run['change']} | **{curve[at]['tau']:.3f}** ± {se:.3f} | "
                         f"{fmt(nearest(log, at, 'tau_tf'))} | {int(curve[at]['positions']):,} | "
-                        f"{fmt(window_mean(log, at, 's_per_step'), '.2f')} |")
+                        f"{fmt(window_mean(log, at, 's_per_step'), '.2f')}{host_note(run_host(run['run']))} |")
     return rows
+
+
+def host_note(cpu: str) -> str:
+    return "" if cpu == home_host() else f" (on {cpu})"
 
 
 def ablation_sections(shipped: dict) -> str:
@@ -162,7 +180,11 @@ def copy_gap_text(shipped: dict) -> str:
     if not rows:
         return "Not measured yet."
     dtypes = ", ".join(sorted({r.get("dtype", "?") for r in rows}))
-    text = "\n".join(markdown_table(rows)) + f"\n\nIn {dtypes}: the engine's settings for this host, as for the τ curve."
+    cpus = ", ".join(sorted({(r.get("machine") or {}).get("cpu_model", "?") for r in rows}))
+    text = "\n".join(markdown_table(rows)) + (
+        f"\n\nMeasured on {cpus} in {dtypes}, the engine's settings for that host. The τ curve's points were measured "
+        "with their own host's settings, so the same draft's τ can differ a little between the two tables: a greedy "
+        "answer that parts at a numerical tie of another dtype goes on differently.")
     ship = next((r for r in rows if r["label"] == "shipped"), None)
     if ship:
         b, a = ship["bigram"], ship["all"]
@@ -186,7 +208,7 @@ def lookup_text(bench: dict) -> str:
     blocks = "the draft's block size, fixed" if policy == "fixed" else f"the `{policy}` block policy"
     copied = round(lf["copy_share"] * sum(lf["acceptance_histogram"].values()))
     return (f"Lookup first ({cfg['prompts']}, {n} prompts × {cfg['request']['max_new_tokens']} tokens, "
-            f"{bench['models']['dtype']}, {bench['machine']['torch_threads']} threads, {blocks}, interleaved with the "
+            f"{bench['machine']['cpu_model']}, {bench['models']['dtype']}, {bench['machine']['torch_threads']} threads, {blocks}, interleaved with the "
             f"no-draft loop; {copied} blocks copied, {lf['copy_share']:.0%} of its blocks): τ **{lf['tau']:.2f}** and "
             f"**{lf['speedup']['decode']['speedup']:.2f}×** the no-draft loop, against the draft alone's τ {d['tau']:.2f} and "
             f"{d['speedup']['decode']['speedup']:.2f}×; outputs identical to the no-draft loop: "
@@ -327,7 +349,13 @@ def default_policy() -> dict | None:
         return None
     return {"policy": "auto", "n_prompts": d["config"]["n_prompts"], "tau": round(dflash["tau"], 4),
             "speedup": round(dflash["speedup"]["decode"]["speedup"], 4), "identical": dflash["identical"]["n_identical"],
-            "cpu": d["machine"]["cpu_model"], "source": "results/mtbench-greedy.json"}
+            "cpu": d["machine"]["cpu_model"], "source": "results/mtbench-greedy.json",
+            "settings": settings_words(d["models"].get("host") or {"dtype": d["models"]["dtype"]})}
+
+
+def settings_words(host: dict) -> str:
+    """A run's CPU settings in words: `float32, linear layout` (the layout only where the run recorded one)."""
+    return host["dtype"] + (f", {host['layout']} layout" if host.get("layout") else "")
 
 
 def default_policy_words(p: dict | None) -> str:
@@ -335,7 +363,8 @@ def default_policy_words(p: dict | None) -> str:
         return ""
     return (f" With the engine's default block policy (`auto`: on a CPU the cost policy, which picks the block size "
             f"that maximises expected tokens per millisecond) it ran at **{p['speedup']:.2f}×** on the same "
-            f"{p['n_prompts']} prompts (τ {p['tau']:.2f}, `{p['source']}`).")
+            f"{p['n_prompts']} prompts in the headline benchmark, a separate run with its own settings ({p['settings']}; "
+            f"τ {p['tau']:.2f}, `{p['source']}`).")
 
 
 def readme_status(ev: dict, policy: dict | None, tokens: int, steps: int, hours: float) -> None:
@@ -353,7 +382,7 @@ def readme_status(ev: dict, policy: dict | None, tokens: int, steps: int, hours:
     body = (f"> **Status of the default draft.** Trained by this repository's pipeline on a 2-core CPU ({tokens:,} "
             f"target-labelled tokens, {steps:,} steps, {hours:.1f} h of fit). On {mt['n_prompts']} MT-Bench first turns "
             f"it reaches **τ = {mt['tau']:.2f}** tokens per target step{others}; on the CPU it was measured on "
-            f"({mt['cpu']}), at its trained block of 8, DFlash ran at **{sp:.2f}×** the speed of plain "
+            f"({mt['cpu']}; {mt['settings']}), at its trained block of 8, DFlash ran at **{sp:.2f}×** the speed of plain "
             f"autoregressive decoding ({'faster' if sp > 1 else 'slower'}), with greedy output identical to the "
             f"target's on {mt['identical']}/{mt['n_prompts']} prompts.{default_policy_words(policy)} Speed depends on the "
             "CPU: the playground's \"Compare with autoregressive\" measures it on yours. Numbers and commands: "

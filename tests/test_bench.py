@@ -277,7 +277,9 @@ def test_profile_tool_measures_the_tiny_target(bench_dir, capsys):
     d, _ = bench_dir
     assert profile_main(["forward", "--target", str(d / "target"), "--dtypes", "float32", "--tokens", "1,4", "--reps", "1",
                          "--threads", "1", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)["result"]
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["machine"]["cpu_model"] and "torch" in doc["machine"] and "cpu_flags" in doc["machine"]  # the host
+    rows = doc["result"]
     assert {(r["layout"], r["tokens"], r["head"]) for r in rows} == {
         (lay, t, h) for lay in ("linear", "transposed") for t, h in ((1, "mkl"), (4, "onednn-packed"), (4, "mkl"))}
     assert all(r["median_ms"] > 0 for r in rows)

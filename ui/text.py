@@ -73,7 +73,7 @@ def draft_notice(evaluation_file: Path) -> str:
         return f"**{x:.2f}× the speed of plain decoding ({'faster' if x > 1.0 else 'slower'})**"
 
     policy = (f"; with the default block-size policy (auto: on a CPU, the block that maximises expected tokens per "
-              f"millisecond) it ran {speed(default['speedup'])}" if isinstance(default, dict) else "")
+              f"millisecond), in a separate benchmark run, it ran {speed(default['speedup'])}" if isinstance(default, dict) else "")
     return (f"**About the default draft:** it was trained on a 2-core CPU. On {mt['n_prompts']} MT-Bench prompts it "
             f"reaches τ = {mt['tau']:.2f} tokens per target step; on the CPU it was measured on ({mt['cpu']}), at its "
             f"fixed block of 8, DFlash ran {speed(mt['speedup'])}{policy} — the output is exactly the target's either "

@@ -37,6 +37,7 @@ import time
 import torch
 
 from dflash.bench import drift, settings
+from dflash.bench.machine import machine_info
 from dflash.cli import add_model_args, engine_from_args
 from dflash.errors import DFlashError
 
@@ -270,8 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     except DFlashError as exc:  # a bad option or model: the message names it
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # The host beside every number (CPU model and flags, torch): a result file is read on other machines.
     result = {"mode": args.mode, "threads": torch.get_num_threads(), "argv": sys.argv[1:] if argv is None else argv,
-              "load_average": list(__import__("os").getloadavg()), "result": result}
+              "load_average": list(__import__("os").getloadavg()), "machine": machine_info(), "result": result}
     if args.json:
         print(json.dumps(result, indent=1, default=str))
     else:
