@@ -26,3 +26,8 @@ def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'dflash' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The lazy exports too (PEP 562): dir() and completion list them before their first use."""
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -16,7 +16,10 @@ from typing import Any, Iterator
 
 from dflash.adaptive import POLICIES
 from dflash.errors import ValidationError
+from dflash.registry import PRESETS, draft_dir_problem, looks_like_hub_id
 from dflash.request import Request
+
+NO_DRAFT_HINT = "to run without a draft, pass use_draft=False to generate or stream (the no-draft baseline)"
 
 
 @dataclass(frozen=True)
@@ -24,27 +27,37 @@ class DFlashConfig:
     draft_model_name: str = "default"  # a preset name (its draft), a local draft directory, or a hub id
     block_size: int | None = None  # None: the draft's trained block size
     max_block_size: int | None = None  # above block_size: the block length adapts (slow start) up to this
-    min_block_size: int = 2
+    min_block_size: int | None = None  # None: 2, or block_size when smaller
     diffusion_steps: int = 1
     confidence_threshold: float = 0.9
     acceptance_threshold: float = 1.0  # 1.0 = exact (lossless); < 1 is lossy
-    # auto | fixed | slow-start | cost; None: slow-start if max_block_size > block_size, else auto
+    # auto | fixed | slow-start | cost; None (here or per call): slow-start if max_block_size > block_size, else auto
     adaptive: str | None = None
     verify: str = "match"
     lookup_ngram: int = 0  # > 0: copy from the context first where the last n tokens recur (lossless)
-    dtype: str | None = None
-    device: str | None = None
+    # How the target loads (None: the loader's choice). With an existing Engine they must agree with it (or be None).
+    dtype: str | None = None  # auto, float32 or bfloat16 (the loader also takes fp32, bf16, float16, fp16)
+    device: str | None = None  # cpu, cuda, cuda:N (None: cuda when available)
 
     def __post_init__(self) -> None:
+        _check_draft_name(self.draft_model_name)
+        if self.dtype is not None or self.device is not None:  # the loader's own checks; they import torch, so only here
+            from dflash.load import check_dtype, pick_device
+
+            check_dtype(self.dtype)
+            if self.device is not None:
+                pick_device(self.device)
         if self.adaptive is not None and self.adaptive not in POLICIES:
             raise ValidationError("adaptive", f"must be one of {', '.join(POLICIES)}, got {self.adaptive!r}")
         # Range checks are the request's: build one now so a bad config fails at construction.
         self.request(prompt="x")
 
     def policy(self, **kw: Any) -> str:
-        """The block-size policy; `kw` (a call's block_size / max_block_size) override the config's, as in `request`."""
-        if self.adaptive:
-            return self.adaptive
+        """The block-size policy; `kw` (a call's adaptive / block_size / max_block_size) override the config's, as in
+        `request`: a call's adaptive=None means what the config's None means."""
+        adaptive = kw.get("adaptive", self.adaptive)
+        if adaptive is not None:
+            return adaptive
         block, top = kw.get("block_size", self.block_size), kw.get("max_block_size", self.max_block_size)
         if top and (block is None or top > block):
             return "slow-start"
@@ -59,7 +72,7 @@ class DFlashConfig:
         unknown = sorted(set(kw) - set(Request.__dataclass_fields__))
         if unknown:
             raise ValidationError(unknown[0], "is not a generation option")
-        return Request(**{**fields, **kw})
+        return Request(**{**fields, **kw, "adaptive": fields["adaptive"]})
 
 
 class DFlashModel:
@@ -68,7 +81,6 @@ class DFlashModel:
     def __init__(self, config: DFlashConfig, target: Any = "default", tokenizer: Any = None):
         from dflash.engine import Engine
         from dflash.load import load_engine, resolve_draft_dir
-        from dflash.registry import PRESETS
 
         if not isinstance(config, DFlashConfig):
             raise ValidationError("config", f"must be a DFlashConfig, got {type(config).__name__}")
@@ -78,11 +90,12 @@ class DFlashModel:
         self.config = config
         self._last = None  # the latest generate's Result, whichever thread ran it
         self._mine = threading.local()  # each thread's own latest Result
-        draft = config.draft_model_name
-        draft_dir = PRESETS[draft].draft if draft in PRESETS else draft
+        draft_dir = _draft_dir(config.draft_model_name)
         if isinstance(target, Engine):
+            _check_engine_agrees(config, target)
             self.engine = target
-        elif isinstance(target, str):
+            return
+        if isinstance(target, str):
             self.engine, _ = load_engine(target if target in PRESETS else None, None if target in PRESETS else target,
                                          draft_dir, dtype=config.dtype, device=config.device)
         else:  # an already loaded transformers model
@@ -95,6 +108,7 @@ class DFlashModel:
                          dtype=pick_dtype(config.dtype, dev))
             dmodel, vocab = load_draft(resolve_draft_dir(draft_dir))
             self.engine = Engine(tgt, dmodel, vocab)
+        self.engine.draft_source = draft_dir  # what a later DFlashModel(config, this engine) compares its draft with
 
     @property
     def last_result(self) -> Any:
@@ -119,3 +133,38 @@ class DFlashModel:
                  kw: dict[str, Any]) -> Request:
         return self.config.request(prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                    top_k=top_k, seed=seed, **kw)
+
+
+def _draft_dir(name: str) -> str | None:
+    """Where a draft_model_name loads from: a preset's draft, else the name itself (a directory or a hub id)."""
+    return PRESETS[name].draft if name in PRESETS else name
+
+
+def _check_draft_name(name: Any) -> None:
+    if name is None:
+        raise ValidationError("draft_model_name", f"must name a draft (None is not one); {NO_DRAFT_HINT}")
+    if not isinstance(name, str) or not name.strip():
+        raise ValidationError("draft_model_name", f"must be a preset name ({', '.join(PRESETS)}), a draft directory or a "
+                                                  f"hub id, got {name!r}")
+    if name not in PRESETS and not looks_like_hub_id(name) and (problem := draft_dir_problem(name)):
+        raise ValidationError("draft_model_name", problem)
+
+
+def _check_engine_agrees(config: DFlashConfig, engine: Any) -> None:
+    """DFlashModel(config, engine) runs the engine as it was loaded: a load option saying otherwise is refused rather
+    than ignored. The defaults (dtype/device None, draft "default") leave the engine's."""
+    from dflash.load import pick_device, pick_dtype
+
+    tg = engine.target
+    if config.dtype not in (None, "auto") and pick_dtype(config.dtype, tg.device) != tg.dtype:
+        raise ValidationError("dtype", f"this engine runs in {str(tg.dtype).removeprefix('torch.')}, got {config.dtype!r} "
+                                       f"(leave it None with an engine)")
+    if config.device is not None:
+        dev = pick_device(config.device)
+        if dev.type != tg.device.type or dev.index not in (None, tg.device.index or 0):
+            raise ValidationError("device", f"this engine runs on {tg.device}, got {config.device!r} (leave it None with an "
+                                            f"engine)")
+    draft = config.draft_model_name
+    if draft != "default" and (engine.draft is None or _draft_dir(draft) != engine.draft_source):
+        has = f"has no draft; {NO_DRAFT_HINT}" if engine.draft is None else "runs the draft it was built with"
+        raise ValidationError("draft_model_name", f"leave it 'default' with an engine: this engine {has}, not {draft!r}")

@@ -40,7 +40,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoding")
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--block-size", type=int, help="tokens verified per step (default: the draft's trained size)")
-    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy; a value below 1e-5 is greedy too (as in vLLM), in [0, 2]")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--seed", type=int, default=0)
@@ -50,13 +51,17 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--confidence-threshold", type=float, default=0.9, help="commit positions at least this confident (steps > 1)")
     g.add_argument("--adaptive", choices=list(POLICIES), default="auto",
                    help="block-size controller (auto: cost on a CPU, fixed on a GPU)")
-    g.add_argument("--min-block-size", type=int, default=2)
+    g.add_argument("--min-block-size", type=int,
+                   help="smallest block an adaptive policy may choose (default: 2, or --block-size when smaller); "
+                        "--block-size may not be below a minimum given here")
     g.add_argument("--max-block-size", type=int)
     g.add_argument("--acceptance-threshold", type=float, default=1.0, help="1.0 = exact; < 1 relaxed and LOSSY")
     g.add_argument("--lookup-ngram", type=int, default=0, metavar="N",
                    help="copy from the context first: where the last N tokens occurred earlier, propose what followed "
                         "them instead of running the draft (lossless; 0 = off; 2 is a good start)")
-    g.add_argument("--deadline", type=float, default=600.0, help="wall-clock limit per request, seconds")
+    g.add_argument("--deadline", type=float, default=600.0,
+                   help="wall-clock limit per request, seconds, counted from when it is made: time waiting for the "
+                        "engine counts (default: %(default)s)")
 
 
 def request_kwargs(args: argparse.Namespace) -> dict:

@@ -25,6 +25,7 @@ from dflash.adaptive import make_controller, resolve
 from dflash.draft import DFlashDraftModel
 from dflash.drafter import Drafter, DraftProposer, Proposal
 from dflash.errors import BusyError, ValidationError
+from dflash.limits import block_sizes, check_context
 from dflash.lookup import NgramIndex, copy_proposal
 from dflash.request import MAX_PROMPT_TOKENS, Request
 from dflash.stats import compute_stats
@@ -36,6 +37,8 @@ log = logging.getLogger("dflash")
 # The prompt goes through the target in chunks of this many tokens, with Stop and the deadline checked between
 # chunks: an 8,192-token prompt is seconds of work on a CPU. Chunking leaves the result the same (KV cache).
 PREFILL_CHUNK = 512
+# A request waiting for the engine (another one runs) re-checks its Stop and deadline this often.
+WAIT_POLL_S = 0.05
 
 T = TypeVar("T")
 Finish = tuple[str, str]  # (finish reason, message)
@@ -67,7 +70,9 @@ def _recorded(events: list[ev.Event], gen: Generator[ev.Event, None, T],
 
 
 class Engine:
-    """Runs requests on a target, with a draft model's block proposals or (no draft) one token per step.
+    """Runs requests on a target, with a draft model's block proposals, or one token per step for requests with
+    use_draft=False (the autoregressive baseline). Without a draft model only those run: a request with use_draft
+    True, the default, is refused with a ValidationError naming use_draft.
 
     `drafter`: proposes the blocks in place of the `Drafter` built from `draft` (see `use_drafter`); the draft's
     config still says which target layers are captured and the trained block size, so it needs `draft`.
@@ -93,6 +98,7 @@ class Engine:
         self.prefill_chunk = PREFILL_CHUNK  # injectable: tests use small chunks on tiny models
         self._texts: dict[int, str] = {}
         self.host = None  # dflash.host.HostSettings: the CPU settings load_engine chose (None: not chosen there)
+        self.draft_source: str | None = None  # where the draft was loaded from, when its loader says (DFlashModel)
 
     @property
     def draft_vocab(self) -> torch.Tensor | None:
@@ -144,24 +150,13 @@ class Engine:
         """Model-dependent validation. Returns (block size, min block size, max block size)."""
         use_draft = request.use_draft and self.draft is not None
         if request.use_draft and self.draft is None:
-            raise ValidationError("use_draft", "this engine has no draft model; use the no-draft baseline")
+            raise ValidationError("use_draft", "this engine has no draft model; pass use_draft=False (the no-draft baseline)")
         if any(i >= self.target.vocab_size for i in prompt_ids):
             raise ValidationError("prompt_ids", f"token ids must be < vocab size {self.target.vocab_size}")
         if request.top_k > self.target.vocab_size:
             raise ValidationError("top_k", f"must be in [0, {self.target.vocab_size}]")
-        if not use_draft:
-            size = lo = hi = 1
-        else:
-            trained = self.trained_block_size
-            hi = request.max_block_size or trained
-            size = request.block_size or min(trained, hi)
-            lo = min(request.min_block_size, size)
-            if not lo <= size <= hi:
-                raise ValidationError("block_size", f"must be in [{lo}, {hi}] (min/max block size), got {size}")
-        budget = self.target.max_positions
-        total = len(prompt_ids) + request.max_new_tokens + hi
-        if total > budget:
-            raise ValidationError("max_new_tokens", f"prompt ({len(prompt_ids)}) + max_new_tokens ({request.max_new_tokens}) + block ({hi}) = {total} exceeds the context budget {budget}")
+        size, lo, hi = block_sizes(request, self.trained_block_size) if use_draft else (1, 1, 1)
+        check_context(request, len(prompt_ids), hi, self.target.max_positions)
         return size, lo, hi
 
     # -- the loop ---------------------------------------------------------------------------------------
@@ -180,7 +175,7 @@ class Engine:
         # "auto" becomes the policy it stands for on this device, so the Started event (the trace, the history)
         # records the one that ran.
         request = dataclasses.replace(request, adaptive=resolve(request.adaptive, self.target.device.type))
-        return self._run(request, prompt_ids, sizes, cancel or threading.Event(), blocking)
+        return self._run(request, prompt_ids, sizes, cancel or threading.Event(), blocking, self.clock())
 
     def validate(self, request: Request) -> tuple[list[int], tuple[int, int, int]]:
         """Everything `stream` checks before it runs (ValidationError naming the parameter): the prompt's token ids
@@ -198,19 +193,22 @@ class Engine:
         return Result(fin.output_ids, fin.text, fin.reason, fin.stats, events, fin.message)
 
     def _run(self, req: Request, prompt_ids: list[int], sizes: tuple[int, int, int], cancel: threading.Event,
-             blocking: bool) -> Iterator[ev.Event]:
+             blocking: bool, called: float) -> Iterator[ev.Event]:
+        # The deadline counts from the stream() call (`called`): time waiting for the engine is part of it.
+        deadline = called + req.deadline_s if req.deadline_s else None
+        stopped = functools.partial(self._stop_reason, req, cancel, deadline)
         # The lock is taken on the first next(), not in stream(): a stream that is never iterated holds nothing.
-        self._acquire(blocking)
+        why = self._acquire(blocking, stopped)
+        if why:  # stopped while waiting: nothing ran, as for a run stopped during its prefill (Started, Finished)
+            started = self._started(req, prompt_ids)
+            yield started
+            yield ev.Finished(reason=why[0], output_ids=[], text="", stats=compute_stats([started]), message=why[1])
+            return
         events: list[ev.Event] = []
         out: list[int] = []
         t_start = self.clock()
-        deadline = t_start + req.deadline_s if req.deadline_s else None
-        stopped = functools.partial(self._stop_reason, req, cancel, deadline)
         try:
-            started = ev.Started(request=req.to_dict(), prompt_ids=prompt_ids, prompt_text=self.decode(prompt_ids),
-                                 has_draft=self.drafter is not None and req.use_draft,
-                                 mask_token_id=self.draft.config.mask_token_id if self.draft is not None else None,
-                                 trained_block_size=self.trained_block_size, lossy=req.lossy, model=self.name)
+            started = self._started(req, prompt_ids)
             events.append(started)
             yield started
             run = self._new_run(req, prompt_ids, out, t_start)
@@ -226,15 +224,27 @@ class Engine:
         yield ev.Finished(reason=reason, output_ids=list(out), text=self.decode(out), stats=compute_stats(events),
                           message=message)
 
-    def _acquire(self, blocking: bool) -> None:
-        """Take the one-request lock. A stream left suspended in this very thread (a loop broken out of, or left by
-        an exception, with the stream still referenced) holds it: waiting would never end, so that is a BusyError."""
+    def _started(self, req: Request, prompt_ids: list[int]) -> ev.Started:
+        return ev.Started(request=req.to_dict(), prompt_ids=prompt_ids, prompt_text=self.decode(prompt_ids),
+                          has_draft=self.drafter is not None and req.use_draft,
+                          mask_token_id=self.draft.config.mask_token_id if self.draft is not None else None,
+                          trained_block_size=self.trained_block_size, lossy=req.lossy, model=self.name)
+
+    def _acquire(self, blocking: bool, stopped: Stopped) -> Finish | None:
+        """Take the one-request lock: None once taken. The wait polls, so that the waiting request's Stop and deadline
+        end it: then (finish reason, message), without the lock. A stream left suspended in this very thread (a loop
+        broken out of, or left by an exception, still referenced) holds it: waiting would never end, a BusyError."""
         if blocking and self._holder == threading.get_ident():
             raise BusyError("a stream of this engine is still open in this thread (a loop left early?): close() it "
                             "or read it to the end first")
-        if not self._lock.acquire(blocking=blocking):
-            raise BusyError("the engine is busy with another request")
+        if not self._lock.acquire(blocking=False):
+            if not blocking:
+                raise BusyError("the engine is busy with another request")
+            while not self._lock.acquire(timeout=WAIT_POLL_S):
+                if why := stopped():
+                    return why[0], f"{why[1]} while waiting for the engine (another request was running)"
         self._hold()
+        return None
 
     def _hold(self) -> None:
         self._holder = threading.get_ident()  # a stream may be advanced by another thread than the one that started it
@@ -318,7 +328,7 @@ class Engine:
     def _step(self, run: Run, block: int, size: int, reason: str,
               copy: list[int] | None) -> Generator[ev.Event, None, StepResult]:
         """One block: draft (or copy `copy`), verify with one target forward over [anchor, drafts], accept, crop the
-        target cache. Yields BlockSize, DraftStep × S, Verify, Commit; returns the StepResult."""
+        target cache. Yields BlockSize, DraftStep × (at most S), Verify, Commit; returns the StepResult."""
         req = run.req
         start = len(run.seq) - 1  # absolute position of the anchor (last committed token, not yet in the cache)
         b = min(size, req.max_new_tokens - len(run.out) + 1) if run.drafter else 1

@@ -5,9 +5,11 @@ saved as JSON and replayed without a model. `event_to_dict` / `event_from_dict` 
 
 Grammar of one run:
     Started, Prefill, Commit(first token), then per block:
-        BlockSize, DraftStep × S (none without a draft), Verify, Commit
-    and exactly one Finished at the end. A run stopped (cancel or deadline) during a long prompt's chunked
-    prefill is just Started, Finished.
+        BlockSize, DraftStep × (1 to S) (none without a draft or for a block of one), Verify, Commit
+    and exactly one Finished at the end. Denoising stops early once every position is committed, so with
+    diffusion_steps S > 1 a block may have fewer than S DraftSteps (a block copied from the context has one).
+    A run stopped (cancel or deadline) before its first token — during a long prompt's chunked prefill, or while
+    waiting for the engine — is just Started, Finished.
 """
 
 from __future__ import annotations

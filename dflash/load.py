@@ -32,7 +32,7 @@ CACHE_DIR = Path(os.environ.get("DFLASH_CACHE", Path.home() / ".cache" / "dflash
 def pick_device(device: str | torch.device | None = None) -> torch.device:
     """cpu, cuda or cuda:N (None: cuda when available). A bad one is a ValidationError naming `device`, not torch's
     RuntimeError or AssertionError from deep inside the load."""
-    if not device:
+    if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         dev = torch.device(device) if isinstance(device, (str, torch.device)) else None
@@ -50,17 +50,26 @@ def check_threads(threads: int | None) -> None:
         raise ValidationError("threads", f"must be an integer >= 1 (None: the host probe's choice), got {threads!r}")
 
 
+# The dtype names the loader takes, besides "auto" (and None): its own choice. --dtype offers auto, float32, bfloat16.
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def check_dtype(dtype: object) -> None:
+    """A dtype name the loader takes (None, "auto" or a DTYPES key), else a ValidationError naming `dtype`: the one
+    check of `pick_dtype` and of `DFlashConfig`, which runs it at construction."""
+    if dtype is not None and dtype != "auto" and not (isinstance(dtype, str) and dtype in DTYPES):
+        raise ValidationError("dtype", f"unknown {dtype!r}; choose auto, float32 or bfloat16 (None: auto)")
+
+
 def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
+    check_dtype(dtype)
     if dtype in (None, "auto"):
         # CUDA: bf16. CPU: float32 unless the host probe (dflash.host, in load_engine) measures bf16 faster.
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
-    if dtype not in table:
-        raise ModelLoadError(f"dtype: unknown {dtype!r}; choose float32 or bfloat16")
-    return table[dtype]
+    return DTYPES[dtype]
 
 
 # -- the target model ---------------------------------------------------------------------------------------

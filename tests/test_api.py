@@ -136,3 +136,51 @@ def test_a_per_call_max_block_size_picks_the_policy_as_in_the_config(engine):
     assert per_call.last_result.events[0].request["adaptive"] == "slow-start"
     per_call.generate("", prompt_ids=(5, 6, 7), max_new_tokens=4, block_size=8, max_block_size=8, adaptive="fixed")
     assert per_call.last_result.events[0].request["adaptive"] == "fixed"
+
+
+@pytest.mark.parametrize("kw,param", [
+    (dict(dtype="float64"), "dtype"),  # before: accepted; the load failed later with a ModelLoadError
+    (dict(dtype=5), "dtype"),
+    (dict(device="gpu"), "device"),
+    (dict(device=5), "device"),
+    (dict(draft_model_name=5), "draft_model_name"),  # before: a TypeError after the target had loaded
+    (dict(draft_model_name=None), "draft_model_name"),  # before: silently the default draft
+    (dict(draft_model_name=""), "draft_model_name"),
+    (dict(draft_model_name="/no/such/draft"), "draft_model_name"),
+])
+def test_bad_load_options_fail_at_construction(kw, param):
+    with pytest.raises(ValidationError) as err:
+        DFlashConfig(**kw)
+    assert err.value.param == param
+
+
+def test_good_load_options_are_accepted():
+    for kw in (dict(dtype="float32"), dict(dtype="bfloat16"), dict(dtype="auto"), dict(dtype=None), dict(device="cpu"),
+               dict(device=None), dict(draft_model_name="default"), dict(draft_model_name="z-lab/Qwen3-4B-DFlash-b16")):
+        DFlashConfig(**kw)
+    with pytest.raises(ValidationError, match="use_draft=False"):  # None says how to run without a draft
+        DFlashConfig(draft_model_name=None)
+
+
+def test_a_model_on_an_engine_refuses_load_options_it_would_ignore(engine):
+    """DFlashModel(config, engine) runs the engine as it is: before, config.dtype / device / draft_model_name that
+    disagreed with it were silently ignored. Options the engine matches, and the defaults, are accepted."""
+    import torch
+
+    DFlashModel(DFlashConfig(dtype="float32", device="cpu"), engine)  # this engine's own: accepted
+    conflicts = [(dict(dtype="bfloat16"), "dtype"), (dict(draft_model_name="z-lab/Qwen3-4B-DFlash-b16"), "draft_model_name")]
+    if torch.cuda.is_available():
+        conflicts.append((dict(device="cuda"), "device"))
+    for kw, param in conflicts:
+        with pytest.raises(ValidationError) as err:
+            DFlashModel(DFlashConfig(**kw), engine)
+        assert err.value.param == param
+
+
+def test_adaptive_none_per_call_means_what_it_means_in_the_config(engine):
+    """Before: generate(..., adaptive=None) was a ValidationError though the config documents None."""
+    model = DFlashModel(DFlashConfig(block_size=2, max_block_size=8, adaptive="fixed"), engine)
+    model.generate("", prompt_ids=(5, 6, 7), max_new_tokens=4, adaptive=None)
+    assert model.last_result.events[0].request["adaptive"] == "slow-start"  # None: slow-start as max > block
+    model.generate("", prompt_ids=(5, 6, 7), max_new_tokens=4)
+    assert model.last_result.events[0].request["adaptive"] == "fixed"  # not given: the config's

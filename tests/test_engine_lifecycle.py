@@ -196,3 +196,62 @@ def test_stream_left_open_in_this_thread_raises_instead_of_waiting_forever(engin
     assert next(stream)  # the open stream is untouched and goes on
     stream.close()
     assert engine.generate(REQ).output_ids == expected
+
+
+def _holding(engine):
+    """A stream suspended mid-run: it holds the engine until it is read on or closed."""
+    holder = engine.stream(REQ)
+    next(holder), next(holder)
+    assert engine._lock.locked()
+    return holder
+
+
+@pytest.mark.parametrize("stop", ["cancel", "deadline"])
+def test_a_request_waiting_for_the_engine_is_stopped_by_cancel_or_its_deadline(engine, expected, stop):
+    """While another request holds the engine, a waiting request's Stop and deadline count: it finishes
+    ("cancelled" / "timeout") without a prefill or a token, as a run stopped during its prefill does (Started,
+    Finished). Before: it waited for the lock whatever happened, and its deadline started only once it had it.
+    The deadline runs on an injected clock, moved past it once the waiting call has begun: no timing assumption."""
+    now = [1000.0]
+    engine.clock = lambda: now[0]
+    holder = _holding(engine)
+    cancel, called, results = threading.Event(), threading.Event(), {}
+    request = Request(prompt_ids=PROMPT, max_new_tokens=24, block_size=4, deadline_s=5.0)
+
+    def waiter():
+        stream = engine.stream(request, cancel)  # the deadline counts from this call
+        called.set()
+        results["events"] = list(stream)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    try:
+        assert called.wait(30)
+        cancel.set() if stop == "cancel" else now.__setitem__(0, 1006.0)
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "a waiting request must give up when stopped, not wait for the running one"
+        events = results["events"]
+        assert [type(e).__name__ for e in events] == ["Started", "Finished"]
+        fin = events[-1]
+        assert fin.reason == ("cancelled" if stop == "cancel" else "timeout") and "waiting" in fin.message
+        assert (fin.output_ids, fin.text, fin.stats["n_output_tokens"]) == ([], "", 0)
+        assert engine._lock.locked(), "the running request keeps the engine"
+    finally:
+        rest = list(holder)
+        thread.join(timeout=60)
+    assert rest[-1].reason == "length" and rest[-1].output_ids == expected
+    assert not engine._lock.locked()
+    assert engine.generate(REQ).output_ids == expected
+
+
+def test_a_waiting_request_runs_normally_once_the_engine_is_free(engine, expected):
+    """Waiting polls the lock: a request that is neither stopped nor past its deadline still runs in full."""
+    holder = _holding(engine)
+    results = {}
+    thread = threading.Thread(target=lambda: results.update(res=engine.generate(REQ)))
+    thread.start()
+    time.sleep(0.2)
+    assert thread.is_alive()
+    assert list(holder)[-1].output_ids == expected
+    thread.join(timeout=60)
+    assert results["res"].finish_reason == "length" and results["res"].output_ids == expected

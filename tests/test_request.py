@@ -226,7 +226,7 @@ def test_no_draft_engine_refuses_use_draft():
     bare = Engine(target)
     with pytest.raises(ValidationError) as err:
         bare.stream(Request(prompt_ids=(1, 2)))
-    assert err.value.param == "use_draft"
+    assert err.value.param == "use_draft" and "use_draft=False" in str(err.value)  # it says how to run here
     assert bare.generate(Request(prompt_ids=(1, 2), max_new_tokens=2, use_draft=False)).finish_reason == "length"
 
 
@@ -237,9 +237,9 @@ def test_a_text_prompt_has_the_same_token_limit_as_prompt_ids():
     with pytest.raises(ValidationError) as err:
         engine.stream(Request(prompt="a" * (MAX_PROMPT_TOKENS + 1)))
     assert err.value.param == "prompt" and f"is {MAX_PROMPT_TOKENS + 1} tokens; the limit is {MAX_PROMPT_TOKENS}" in str(err.value)
-    with pytest.raises(ValidationError) as err:  # at the limit it passes, then meets this tiny model's context budget
+    with pytest.raises(ValidationError) as err:  # at the limit it passes, then leaves no room in this model's context
         engine.stream(Request(prompt="a" * MAX_PROMPT_TOKENS))
-    assert err.value.param == "max_new_tokens"
+    assert err.value.param == "prompt" and "context budget" in str(err.value)
     assert not engine._lock.locked()
 
 
@@ -273,3 +273,84 @@ def test_a_prompt_that_tokenizes_to_nothing_is_refused(tmp_path):
         engine.stream(Request(prompt="hello"))
     assert err.value.param == "prompt" and "no tokens" in str(err.value)
     assert not engine._lock.locked()
+
+
+# --- Review fixes: tiny temperatures, contradictory block sizes, numpy ids, prompt vs prompt_ids, the prompt's room --
+
+
+@pytest.mark.parametrize("t", [1e-38, 1e-6, 9.99e-6])
+def test_a_temperature_below_the_greedy_bound_is_stored_as_greedy(t):
+    """Below 1e-5 (vLLM's bound) a temperature means greedy: logits / 1e-38 overflow float32 (inf, then NaN)."""
+    req = Request(**OK, temperature=t)
+    assert req.temperature == 0.0 and req.to_dict()["temperature"] == 0.0
+    assert Request(**OK, temperature=1e-5).temperature == 1e-5  # the bound itself samples
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(use_draft=False), dict(verify="rejection")], ids=["match", "no-draft", "rejection"])
+def test_tiny_temperatures_give_the_greedy_output(engine, kw):
+    """Before: T=1e-38 gave garbage ([34, 0, 0, …] with the rejection rule) instead of the greedy output."""
+    greedy = engine.generate(Request(prompt_ids=(5, 6, 7), max_new_tokens=12, use_draft=False)).output_ids
+    for t in (1e-38, 1e-6):
+        res = engine.generate(Request(prompt_ids=(5, 6, 7), max_new_tokens=12, temperature=t, seed=1, **kw))
+        assert res.output_ids == greedy, t
+        assert res.events[0].request["temperature"] == 0.0  # the trace records the greedy run that ran
+    sampled = engine.generate(Request(prompt_ids=(5, 6, 7), max_new_tokens=4, temperature=1e-5, seed=1, **kw))
+    assert sampled.events[0].request["temperature"] == 1e-5
+
+
+@pytest.mark.parametrize("kw", [
+    dict(block_size=16, max_block_size=8),  # before: accepted here, refused only by the engine
+    dict(block_size=4, min_block_size=8),  # before: the engine silently lowered min_block_size to 4
+    dict(block_size=1, min_block_size=2),  # an explicit minimum is the user's: not lowered either
+])
+def test_contradictory_block_sizes_are_refused_at_construction(kw):
+    with pytest.raises(ValidationError) as err:
+        Request(**OK, **kw)
+    assert err.value.param == "block_size"
+    assert f"[{kw.get('min_block_size', 1)}, {kw.get('max_block_size', 64)}]" in str(err.value)
+
+
+def test_an_explicit_min_block_size_above_the_drafts_block_is_refused_not_lowered(engine):
+    """min_block_size 20 with the trained block (16): before, the engine ran it with a minimum of 16."""
+    with pytest.raises(ValidationError) as err:
+        engine.stream(Request(prompt_ids=(1,), min_block_size=20))
+    assert err.value.param == "min_block_size" and "16" in str(err.value)
+    assert engine.check(Request(prompt_ids=(1,), min_block_size=8), [1]) == (16, 8, 16)
+    assert engine.check(Request(prompt_ids=(1,), block_size=4, min_block_size=4), [1]) == (4, 4, 16)
+    assert Request(**OK).min_block_size is None  # the default: 2, or the block size when smaller
+    assert engine.check(Request(prompt_ids=(1,), block_size=1), [1]) == (1, 1, 16)
+    assert engine.check(Request(prompt_ids=(1,)), [1]) == (16, 2, 16)
+
+
+def test_numpy_token_ids_are_accepted_and_stored_as_ints():
+    import json
+
+    import numpy as np
+
+    req = Request(prompt_ids=list(np.array([1, 2, 3])), stop_ids=list(np.array([7], dtype=np.int32)))
+    assert req.prompt_ids == (1, 2, 3) and req.stop_ids == (7,)
+    assert all(type(i) is int for i in req.prompt_ids + req.stop_ids)
+    assert json.loads(json.dumps(req.to_dict()))["prompt_ids"] == [1, 2, 3]
+    with pytest.raises(ValidationError) as err:
+        Request(prompt_ids=[np.bool_(True)])
+    assert err.value.param == "prompt_ids"
+
+
+@pytest.mark.parametrize("prompt", [b"x", "hello", 5])
+def test_a_prompt_beside_prompt_ids_is_refused(prompt):
+    """Before: accepted, the prompt ignored (and b"x" made to_dict unserialisable). The CLI refuses both too."""
+    with pytest.raises(ValidationError) as err:
+        Request(prompt=prompt, prompt_ids=[1])
+    assert err.value.param == "prompt"
+
+
+def test_a_prompt_that_leaves_no_room_names_the_prompt(engine):
+    """A prompt whose tokens with one new token and one block exceed the context budget can never run: the error
+    names the prompt (before: max_new_tokens, which no value could fix)."""
+    budget = engine.target.max_positions  # 512; the block: the draft's trained 16
+    fits = tuple([1] * (budget - 1 - 16))
+    assert engine.check(Request(prompt_ids=fits, max_new_tokens=1), list(fits)) == (16, 2, 16)
+    too_long = fits + (1,)
+    with pytest.raises(ValidationError) as err:
+        engine.stream(Request(prompt_ids=too_long, max_new_tokens=1))
+    assert err.value.param == "prompt_ids" and str(len(too_long)) in str(err.value) and str(budget) in str(err.value)

@@ -132,6 +132,13 @@ def test_request_fields_are_checked_by_the_request_rules(code_doc):
     assert "'request' has unknown fields" in refused(text)
 
 
+def test_a_trace_recorded_with_a_block_below_the_minimum_still_loads(code_doc):
+    """The engine once lowered the minimum to such a block (today's Request refuses it): those traces stay readable."""
+    doc = copy.deepcopy(code_doc)
+    doc["events"][0]["request"] = dict(doc["events"][0]["request"], block_size=1, min_block_size=2)
+    assert parse_trace(json.dumps(doc))
+
+
 def test_json_lines_errors_name_the_line(code_doc):
     lines = [json.dumps(d) for d in code_doc["events"]]
     i = index_of(code_doc, "BlockSize", 2)

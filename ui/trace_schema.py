@@ -116,6 +116,10 @@ def request_rule(v: Any, name: str) -> str | None:
     unknown = set(v) - {f.name for f in dataclasses.fields(Request)}
     if unknown:
         return f"'{name}' has unknown fields ({len(unknown)})"
+    lo, block = v.get("min_block_size"), v.get("block_size")
+    if type(lo) is int and type(block) is int and block < lo:
+        # Recorded before a block size below the minimum was refused: the engine then lowered the minimum to it.
+        v = {**v, "min_block_size": block}
     try:
         Request(**v)
     except ValidationError as exc:
