@@ -259,6 +259,9 @@ class DraftCache:
 
 def save_draft(model: DFlashDraftModel, directory: str | Path, vocab_ids: torch.Tensor | None = None,
                extra_config: dict[str, Any] | None = None) -> None:
+    """Each file is written under a temporary name and renamed into place, config.json last: a reader during a save
+    (an eval of a run's directory while it trains) or a save cut short sees the previous files or the new ones,
+    never a truncated one, and a directory with a config.json has its weights."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
@@ -266,33 +269,62 @@ def save_draft(model: DFlashDraftModel, directory: str | Path, vocab_ids: torch.
     cfg = model.config.to_hf_dict()
     if extra_config:
         cfg.update(extra_config)
-    (directory / CONFIG_NAME).write_text(json.dumps(cfg, indent=2) + "\n")
     state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(directory / WEIGHTS_NAME))
+    _replace(directory / WEIGHTS_NAME, lambda tmp: save_file(state, str(tmp)))
     if vocab_ids is not None:
-        save_file({"token_ids": vocab_ids.to(torch.int64).contiguous()}, str(directory / VOCAB_NAME))
+        _replace(directory / VOCAB_NAME, lambda tmp: save_file({"token_ids": vocab_ids.to(torch.int64).contiguous()}, str(tmp)))
+    _replace(directory / CONFIG_NAME, lambda tmp: tmp.write_text(json.dumps(cfg, indent=2) + "\n"))
 
 
-def load_draft(directory: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> tuple[DFlashDraftModel, torch.Tensor | None]:
-    """Load config.json + model.safetensors with strict key matching. Returns (model, draft vocab ids or None)."""
-    from safetensors.torch import load_file
+def _replace(path: Path, write) -> None:
+    """`write(tmp)` to a temporary name in `path`'s directory (a rename within one file system is atomic), then rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        write(tmp)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
+
+def read_draft_config(directory: str | Path) -> DraftConfig:
+    """config.json of a draft directory, checked without reading the weights (cheap: before a target loads).
+    ModelLoadError "draft: …" when it is missing or not a DFlash draft's config."""
     directory = Path(directory)
     if not (directory / CONFIG_NAME).is_file():
         raise ModelLoadError(f"draft: no {CONFIG_NAME} in the draft directory")
     if not (directory / WEIGHTS_NAME).is_file():
         raise ModelLoadError(f"draft: weights must be {WEIGHTS_NAME} (safetensors); other formats are refused")
     try:
-        cfg = DraftConfig.from_hf_dict(json.loads((directory / CONFIG_NAME).read_text()))
+        return DraftConfig.from_hf_dict(json.loads((directory / CONFIG_NAME).read_text()))
+    except OSError as exc:
+        raise ModelLoadError(f"draft: cannot read {CONFIG_NAME} ({exc.strerror or exc})") from None
     except (ValueError, TypeError, KeyError, AttributeError) as exc:  # not JSON, a missing key, a value out of range
         why = f"no {exc} entry" if isinstance(exc, KeyError) else str(exc)
         raise ModelLoadError(f"draft: {CONFIG_NAME} is not a valid DFlash draft config: {why}") from None
-    model = DFlashDraftModel(cfg)
-    state = load_file(str(directory / WEIGHTS_NAME))
-    state = {k.removeprefix("model."): v for k, v in state.items()}
+
+
+def load_draft(directory: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> tuple[DFlashDraftModel, torch.Tensor | None]:
+    """Load config.json + model.safetensors with strict key matching. Returns (model, draft vocab ids or None)."""
+    directory = Path(directory)
+    model = DFlashDraftModel(read_draft_config(directory))
+    state = {k.removeprefix("model."): v for k, v in _read_tensors(directory / WEIGHTS_NAME).items()}
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:
         raise ModelLoadError(f"draft: checkpoint keys do not match the DFlash layout ({str(exc).splitlines()[0]})") from None
-    vocab = load_file(str(directory / VOCAB_NAME))["token_ids"] if (directory / VOCAB_NAME).is_file() else None
+    vocab = _read_tensors(directory / VOCAB_NAME).get("token_ids") if (directory / VOCAB_NAME).is_file() else None
+    if (directory / VOCAB_NAME).is_file() and vocab is None:
+        raise ModelLoadError(f"draft: {VOCAB_NAME} has no token_ids tensor")
     return model.to(device=device, dtype=dtype).eval(), vocab
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file; a truncated or unreadable one (a copy cut short) is a ModelLoadError, not a traceback."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as exc:
+        raise ModelLoadError(f"draft: {path.name} is unreadable, truncated or not safetensors "
+                             f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None

@@ -280,3 +280,36 @@ def test_draft_cache_append_and_crop():
     assert len(cache) == 8 and len(cache.kv) == 2
     cache.crop(6)
     assert len(cache) == 6 and all(kk.shape[2] == 6 and vv.shape[2] == 6 for kk, vv in cache.kv)
+
+
+def test_a_save_cut_short_leaves_the_previous_draft_whole(tmp_path, monkeypatch):
+    """Files were written in place: a save cut short (or read while it ran) left a truncated model.safetensors."""
+    import safetensors.torch
+
+    target = tiny_target("llama")
+    old, new = tiny_draft(target, seed=1), tiny_draft(target, seed=2)
+    save_draft(old, tmp_path, vocab_ids=torch.arange(10))
+    real = safetensors.torch.save_file
+
+    def killed_mid_write(tensors, filename, metadata=None):  # half the bytes reach the disk, then the process dies
+        real(tensors, filename, metadata)
+        with open(filename, "r+b") as f:
+            f.truncate(f.seek(0, 2) // 2)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(safetensors.torch, "save_file", killed_mid_write)
+    with pytest.raises(KeyboardInterrupt):
+        save_draft(new, tmp_path, vocab_ids=torch.arange(20))
+    monkeypatch.undo()
+    loaded, vocab = load_draft(tmp_path)
+    assert all(torch.equal(v, old.state_dict()[k].to(torch.bfloat16).float()) for k, v in loaded.state_dict().items())
+    assert torch.equal(vocab, torch.arange(10))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CONFIG_NAME, "draft_vocab.safetensors", WEIGHTS_NAME]
+
+
+def test_a_truncated_weights_file_is_a_load_error(tmp_path):
+    save_draft(tiny_draft(tiny_target("llama")), tmp_path)
+    with open(tmp_path / WEIGHTS_NAME, "r+b") as f:
+        f.truncate(f.seek(0, 2) // 2)
+    with pytest.raises(ModelLoadError, match=f"^draft: {WEIGHTS_NAME} is unreadable"):
+        load_draft(tmp_path)

@@ -125,6 +125,19 @@ def test_bad_options_get_one_line_naming_the_option(tiny, tmp_path):
     assert not any((tmp_path / n).exists() for n in "abcdefghi")  # nothing written for a refused export
 
 
+def test_a_truncated_draft_is_one_line_naming_draft(tiny, tmp_path):
+    """A draft read while `train fit` saved it (or copied in part) was a SafetensorError traceback."""
+    draft = tmp_path / "draft"
+    shutil.copytree(tiny[0] / "draft", draft)
+    with open(draft / WEIGHTS_NAME, "r+b") as f:
+        f.truncate(f.seek(0, 2) // 2)
+    done = export("--draft", str(draft), "--for", "full-head", "--out", str(tmp_path / "out"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()] and done.stderr.startswith(
+        f"error: --draft: {WEIGHTS_NAME} is unreadable"), done.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def _wider_target():
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -2,8 +2,10 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -43,6 +45,9 @@ NO_DRAFT = ["--draft", "no-such-owner/no-such-draft"]
     (["data", *NO_TARGET, "--temperature", "nan"], "--temperature"),
     (["data-tf", *NO_TARGET, "--batch-size", "0"], "--batch-size"),
     (["data-tf", *NO_TARGET, "--threads", "0"], "--threads"),
+    (["data-tf", *NO_TARGET, "--max-prompt-tokens", "0"], "--max-prompt-tokens"),  # blamed --min-prompt-tokens
+    (["data-tf", "--target", "/nonexistent/model"], "--target"),  # said "error: target: …"
+    (["data", "--target", "/nonexistent/model"], "--target"),
 ])
 def test_bad_data_options_name_the_option_before_the_target_loads(tmp_path, args, option):
     out = tmp_path / "data"
@@ -60,12 +65,88 @@ def test_bad_data_options_name_the_option_before_the_target_loads(tmp_path, args
     (["--layer-ids", "7"], "--layer-ids"),  # the data stores layers 1 and 2 of a 4-layer target
     (["--mask-token-id", "256"], "--mask-token-id"),  # the target's vocabulary has 256 tokens
     (["--init-from", "/nonexistent/draft"], "--init-from"),
+    (["--init-from", "TARGET"], "--init-from"),  # a Hugging Face model's config.json: "error: draft: …" after the load
+    (["--data", "/nonexistent/data", "--steps", "20", "--stop-at", "30"], "--stop-at"),  # ran 10 steps at lr 0
+    (["--draft-vocab", "300"], "--draft-vocab"),  # above the target's 256 tokens
+    (["--draft-vocab", "1"], "--draft-vocab"),  # the stop id alone
 ])
 def test_bad_fit_options_name_the_option_before_the_target_loads(data_dir, tmp_path, args, option):
     out = tmp_path / "run"
     data = [] if "--data" in args else ["--data", str(data_dir / "data")]
+    args = [str(data_dir / "target") if a == "TARGET" else a for a in args]
     assert_option_error(train("fit", *data, "--out", str(out), *args), option)
     assert not out.exists()
+
+
+def fit_without_torch(tmp_path: Path, data: str, out: Path) -> subprocess.CompletedProcess:
+    return train_without_torch(tmp_path, "fit", "--data", data, "--out", str(out), "--layer-ids", "2")
+
+
+def test_a_data_directory_without_shards_is_refused_before_anything_loads(data_dir, tmp_path):
+    """A data-tf run that selected no sequence left meta.json alone: fit crashed after the target loaded."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    shutil.copy(data_dir / "data" / "meta.json", empty)
+    proc = fit_without_torch(tmp_path, f"{data_dir / 'data'},{empty}", tmp_path / "run")
+    assert_option_error(proc, "--data")
+    assert f"{empty} holds no shards" in proc.stderr and not (tmp_path / "run").exists()
+
+
+def test_data_made_for_another_target_is_refused_before_anything_loads(data_dir, tmp_path):
+    """It was an IndexError in the corpus reader when the features of another hidden size were read."""
+    other = tmp_path / "other"
+    shutil.copytree(data_dir / "data", other)
+    meta = json.loads((other / "meta.json").read_text())
+    (other / "meta.json").write_text(json.dumps(meta | {"hidden_size": 96}))
+    proc = fit_without_torch(tmp_path, f"{data_dir / 'data'},{other}", tmp_path / "run")
+    assert_option_error(proc, "--data")
+    assert f"{other} was made for another target" in proc.stderr and "hidden_size 96" in proc.stderr
+
+
+def test_a_layer_missing_in_one_of_several_data_directories_names_that_directory(data_dir, tmp_path):
+    other = tmp_path / "layer-1-only"
+    shutil.copytree(data_dir / "data", other)
+    meta = json.loads((other / "meta.json").read_text())
+    (other / "meta.json").write_text(json.dumps(meta | {"layer_ids": [1]}))
+    proc = train("fit", "--data", f"{data_dir / 'data'},{other}", "--out", str(tmp_path / "run"), "--layer-ids", "2")
+    assert_option_error(proc, "--layer-ids")
+    assert f"error: --layer-ids: {other}: target layers [2]" in proc.stderr
+
+
+@pytest.mark.parametrize("stage", ["fit", "data", "data-tf"])
+def test_an_out_that_is_a_file_is_refused_before_the_target_loads(data_dir, tmp_path, stage):
+    """It was a FileExistsError traceback once the target had loaded."""
+    out = tmp_path / "a-file"
+    out.write_text("keep me")
+    args = ["--data", str(data_dir / "data")] if stage == "fit" else NO_TARGET
+    proc = train(stage, *args, "--out", str(out))
+    assert_option_error(proc, "--out")
+    assert out.read_text() == "keep me"
+
+
+def test_fit_help_shows_every_options_meaning_and_default():
+    """26 of its 28 options had no help and showed no default."""
+    from dflash.cli import build_parser
+
+    fit = build_parser()._subparsers._group_actions[0].choices["train"]._subparsers._group_actions[0].choices["fit"]
+    for action in fit._actions:
+        if action.dest in ("help", "data", "out", "layer_ids"):  # required, or no FitConfig default (the z-lab rule)
+            continue
+        assert action.help and "(default: " in action.help, action.option_strings
+    text = " ".join(train("fit", "--help").stdout.split())
+    assert "--layers LAYERS the draft's depth" in text and "(default: 2000)" in text
+    assert "--draft-vocab DRAFT_VOCAB draft vocabulary" in text
+
+
+def test_a_draft_directory_that_is_no_draft_and_a_block_above_the_drafts_are_refused_before_the_target_loads(data_dir, tmp_path):
+    from conftest import tiny_draft, tiny_target
+    from dflash.draft import save_draft
+
+    save_draft(tiny_draft(tiny_target(), block_size=4), tmp_path / "draft")
+    assert_option_error(train("eval", "--draft", str(tmp_path / "draft"), "--block-size", "64"), "--block-size")
+    proc = train("eval", "--draft", str(data_dir / "target"))  # a Hugging Face model directory
+    assert_option_error(proc, "--draft")
+    assert "is not a valid DFlash draft config" in proc.stderr
 
 
 @pytest.mark.parametrize("args,option", [
@@ -76,6 +157,7 @@ def test_bad_fit_options_name_the_option_before_the_target_loads(data_dir, tmp_p
     (["--steps", "0"], "--steps"),
     (["--prompts", "no-such-set"], "--prompts"),
     (["--output", "/nonexistent/dir/eval.json"], "--output"),
+    (["--block-size", "1"], "--block-size"),  # drafts nothing
 ])
 def test_bad_eval_options_name_the_option_before_the_models_load(args, option):
     assert_option_error(train("eval", *NO_DRAFT, *args), option)
@@ -118,3 +200,32 @@ def test_eval_takes_prompt_ids_rows_as_they_are(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt_ids": [1, 2, 3]}\n{"prompt_ids": [4, 5], "prompt": "a label"}\n')
     assert eval_prompts(build_parser().parse_args(["train", "eval", "--prompts", str(prompts)])) == [[1, 2, 3], [4, 5]]
+
+
+def shipped_draft() -> Path:
+    from dflash.registry import DEFAULT_DRAFT_DIR
+
+    if not (DEFAULT_DRAFT_DIR / "model.safetensors").is_file():
+        pytest.skip("no trained draft installed")
+    return DEFAULT_DRAFT_DIR
+
+
+def test_eval_records_the_block_size_it_used(tmp_path):
+    """It wrote "block_size": null when the draft's trained block was used."""
+    trained = json.loads((shipped_draft() / "config.json").read_text())["block_size"]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "Hi"}\n')
+    proc = train("eval", "--prompts", str(prompts), "--max-new-tokens", "4", "--no-baseline", "--threads", "1", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1])["block_size"] == trained
+
+
+def test_eval_of_a_truncated_draft_is_one_line_naming_draft(tmp_path):
+    """A draft read while `train fit` wrote it was a SafetensorError traceback."""
+    draft = tmp_path / "draft"
+    shutil.copytree(shipped_draft(), draft)
+    with open(draft / "model.safetensors", "r+b") as f:
+        f.truncate(f.seek(0, 2) // 2)
+    proc = train("eval", "--draft", str(draft), "--limit", "1", "--threads", "1", "--quiet")
+    assert_option_error(proc, "--draft")
+    assert "model.safetensors is unreadable" in proc.stderr

@@ -50,6 +50,8 @@ def test_the_last_layer_is_read_from_the_final_hidden_states(data_dir):
 def test_frequent_vocab_keeps_stop_ids():
     counts = torch.tensor([5, 0, 9, 1, 7])
     assert frequent_vocab(counts, 3, always=[1]).tolist() == [1, 2, 4]
+    assert frequent_vocab(counts, 3, always=[2]).tolist() == [0, 2, 4]  # a kept id among the most frequent: still 3
+    assert frequent_vocab(counts, 1, always=[1, 3]).tolist() == [1, 3]  # a negative slice took all but the last
 
 
 def test_windowed_sort_keeps_every_row_and_sorts_each_window():

@@ -194,3 +194,12 @@ def test_an_interrupted_regrowth_leaves_no_sequence_in_two_shards(tmp_path):
         write_teacher_forced(model, 0, rows[4:] + rows[:4], tmp_path, cfg)
     seqs = sequences(tmp_path)
     assert seqs and len(seqs) == len(set(seqs))
+
+
+def test_a_selection_of_no_sequence_is_refused_and_leaves_no_data_directory(target_dir, tmp_path):
+    """It exited 0 with only meta.json in --out, on which `train fit` then crashed after the target loaded."""
+    out = tmp_path / "data"
+    proc = train("data-tf", "--target", str(target_dir), "--out", str(out), "--conversations", "1", "--layers", "1,2",
+                 "--min-prompt-tokens", "5000", "--max-prompt-tokens", "5001")
+    assert_option_error(proc, "--min-prompt-tokens")
+    assert "--max-prompt-tokens 5001" in proc.stderr and not (out / "meta.json").exists()

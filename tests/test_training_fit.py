@@ -238,8 +238,10 @@ def test_an_out_holding_another_runs_checkpoint_is_refused(data_dir, tmp_path, c
     tr = Trainer(cfg(data_dir, tmp_path / "run", steps=12))
     tr.train_step()
     tr.save()
-    with pytest.raises(ValueError, match=f"^{option}"):
+    with pytest.raises(ValueError, match=f"^{option}") as refused:
         Trainer(FitConfig(**{**cfg(data_dir, tmp_path / "run", steps=12).__dict__, **change}))
+    if option == "--steps":  # what the user may have wanted instead
+        assert "--stop-at" in str(refused.value) and "--init-from" in str(refused.value)
     # Options that change no weight may differ, and the same data may be named by another path.
     same = {"ckpt_every": 3, "eval_every": 2, "stop_at": 6, "snapshot_base": 0, "threads": 1,
             "data": str(data_dir / "data") + "/"}
@@ -263,6 +265,7 @@ def test_ctrl_c_in_train_fit_prints_one_line_and_exits_130(data_dir, tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "Traceback" not in err, err
     assert "interrupted" in err.replace("\r", "\n").splitlines(), err  # on a line of its own, not after the progress bar
+    assert (out / "trainer_state.safetensors").is_file() and "run the same command to resume" in err, err
 
 
 def test_a_kill_while_a_snapshot_is_written_leaves_it_to_the_resumed_run(data_dir, tmp_path, monkeypatch):
@@ -298,3 +301,85 @@ def test_an_out_holding_a_draft_fit_did_not_make_is_refused(data_dir, tmp_path):
     with pytest.raises(ValueError, match="^--out: .* --init-from"):
         Trainer(cfg(data_dir, tmp_path / "shipped", steps=2))
     assert (tmp_path / "shipped" / "model.safetensors").read_bytes() == before
+
+
+@pytest.mark.parametrize("how", ["snapshot copied", "trainer state deleted"])
+def test_an_out_holding_a_fit_draft_without_its_trainer_state_is_refused(data_dir, tmp_path, how):
+    """It restarted at step 1 and overwrote the draft with its first checkpoint."""
+    import shutil
+
+    run = lambda out: FitConfig(**{**cfg(data_dir, out, steps=4).__dict__, "snapshot_base": 2})  # noqa: E731
+    Trainer(run(tmp_path / "run")).fit(progress=False)
+    if how == "snapshot copied":
+        shutil.copytree(tmp_path / "run" / "snapshots" / "step_000002", tmp_path / "x")
+    else:
+        shutil.copytree(tmp_path / "run", tmp_path / "x")
+        (tmp_path / "x" / "trainer_state.safetensors").unlink()
+    before = (tmp_path / "x" / "model.safetensors").read_bytes()
+    with pytest.raises(ValueError, match=f"^--out: .* no trainer state .* --init-from {tmp_path / 'x'}"):
+        Trainer(run(tmp_path / "x"))  # the same settings: only the trainer state is missing
+    assert (tmp_path / "x" / "model.safetensors").read_bytes() == before
+
+
+def test_a_resume_after_the_data_grew_is_refused(data_dir, tmp_path):
+    """The vocabulary, the held-out shard and the batches changed: the resume was silently not exact."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(data_dir / "data", data)
+    run = FitConfig(**{**cfg(data_dir, tmp_path / "run", steps=12).__dict__, "data": str(data)})
+    tr = Trainer(run)
+    tr.train_step()
+    tr.save()
+    shutil.copy(data / "shard_00002.safetensors", data / "shard_00003.safetensors")  # `train data --prompts` grew it
+    with pytest.raises(ValueError, match="^--data: its shards changed .* --init-from"):
+        Trainer(run)
+
+
+def test_a_block_longer_than_every_response_is_refused(data_dir, tmp_path):
+    """Every step trained nothing (loss 0, 0 positions) and a draft was written."""
+    with pytest.raises(ValueError, match="^--block-size: no response in --data is long enough"):
+        Trainer(FitConfig(**{**cfg(data_dir, tmp_path / "run", steps=2).__dict__, "block_size": 30}))  # responses <= 24
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_warm_started_run_resumes_exactly_without_its_init_from_directory(data_dir, tmp_path):
+    """The resume read --init-from again: refused once it was gone, and its vocabulary taken if it had changed."""
+    import shutil
+
+    Trainer(FitConfig(**{**cfg(data_dir, tmp_path / "src", steps=2).__dict__, "draft_vocab": 64})).fit(progress=False)
+    warm = lambda out: FitConfig(**{**cfg(data_dir, out, steps=8).__dict__, "draft_vocab": 64,  # noqa: E731
+                                    "init_from": str(tmp_path / "src")})
+    straight = Trainer(warm(tmp_path / "a"))
+    expected = [straight.train_step()["loss"] for _ in range(5)]
+    first = Trainer(warm(tmp_path / "b"))
+    for _ in range(3):
+        first.train_step()
+    first.save()
+    shutil.rmtree(tmp_path / "src")
+    resumed = Trainer(warm(tmp_path / "b"))
+    assert resumed.load() and resumed.step == 3 and torch.equal(resumed.vocab, first.vocab)
+    assert [resumed.train_step()["loss"] for _ in range(2)] == pytest.approx(expected[3:], rel=1e-5)
+
+
+def test_ctrl_c_checkpoints_the_interrupted_step_and_the_resume_is_exact(data_dir, tmp_path):
+    """The steps since the last checkpoint were thrown away."""
+    straight = Trainer(cfg(data_dir, tmp_path / "a", steps=12))
+    straight.fit(progress=False)
+    first = Trainer(cfg(data_dir, tmp_path / "b", steps=12))
+    sent = []
+
+    def ctrl_c_in_step_8(*_):  # as a terminal delivers it: the handler sets the flag, the step finishes
+        if first.step == 7 and not sent:
+            sent.append(os.kill(os.getpid(), signal.SIGINT))
+
+    first.draft.register_forward_pre_hook(ctrl_c_in_step_8)
+    with pytest.raises(KeyboardInterrupt):
+        first.fit(progress=False)
+    resumed = Trainer(cfg(data_dir, tmp_path / "b", steps=12))
+    assert resumed.load() and resumed.step == 8  # not step 5's checkpoint
+    resumed.fit(progress=False)
+    from safetensors.torch import load_file
+
+    a, b = (load_file(str(tmp_path / d / "trainer_state.safetensors")) for d in ("a", "b"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

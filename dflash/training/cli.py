@@ -38,7 +38,8 @@ def add_parser(sub) -> None:
     d.add_argument("--target", default=SMOLLM2_GGUF)
     d.add_argument("--out", required=True, help="data directory (resumable with the same settings; --prompts may grow)")
     d.add_argument("--prompts", type=int, default=2000, help="number of training prompts")
-    d.add_argument("--layers", default=",".join(map(str, DEFAULT_LAYERS)), help="target layers whose outputs are stored")
+    d.add_argument("--layers", default=",".join(map(str, DEFAULT_LAYERS)),
+                   help="target layer ids whose outputs are stored (fit's --layers is the draft's depth)")
     d.add_argument("--batch-size", type=int, default=32)
     d.add_argument("--max-prompt-tokens", type=int, default=256)
     d.add_argument("--max-new-tokens", type=int, default=192)
@@ -51,7 +52,8 @@ def add_parser(sub) -> None:
     t.add_argument("--target", default=SMOLLM2_GGUF)
     t.add_argument("--out", required=True)
     t.add_argument("--conversations", type=int, default=4000)
-    t.add_argument("--layers", default=",".join(map(str, DEFAULT_LAYERS)))
+    t.add_argument("--layers", default=",".join(map(str, DEFAULT_LAYERS)),
+                   help="target layer ids whose outputs are stored (fit's --layers is the draft's depth)")
     t.add_argument("--batch-size", type=int, default=16)
     t.add_argument("--max-prompt-tokens", type=int, default=160)
     t.add_argument("--min-prompt-tokens", type=int, default=0,

@@ -119,7 +119,9 @@ class Corpus:
 
 
 def frequent_vocab(counts: torch.Tensor, size: int, always: list[int]) -> torch.Tensor:
-    """The `size` most frequent response tokens (FR-Spec), plus `always` (stop ids), sorted."""
-    top = torch.topk(counts, min(size, counts.numel())).indices.tolist()
-    ids = sorted(set(top[: size - len(always)]) | set(always))
+    """`always` (stop ids) and the most frequent other response tokens (FR-Spec): `size` ids in all (more only when
+    `always` alone has more), sorted."""
+    keep = set(always)
+    top = torch.topk(counts, min(size + len(keep), counts.numel())).indices.tolist()
+    ids = sorted(set([t for t in top if t not in keep][: max(size - len(keep), 0)]) | keep)
     return torch.tensor(ids, dtype=torch.long)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from dflash.errors import ValidationError
 from dflash.training.data_config import (WINDOW_BATCHES, DataConfig, TeacherForcedConfig, check_layers_exist, check_resume,
                                          generation_settings, stored_rows, write_meta)
 from dflash.training.interrupt import shielded
@@ -111,12 +112,11 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, stop_id
 def run_data(cfg: DataConfig) -> None:
     """ShareGPT training prompts (chat template applied) → shards in `cfg.out`."""
     from dflash.datasets import sharegpt_prompts
-    from dflash.load import load_target_model
 
     check_resume(cfg.out, cfg.settings())  # before the model loads: a refusal takes a second
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    model, tokenizer = load_target_model(cfg.target)
+    model, tokenizer = load_target(cfg.target)
     check_layers_exist(cfg.layers, model.config.num_hidden_layers)
     prompts = []
     for text in sharegpt_prompts("train"):
@@ -125,6 +125,8 @@ def run_data(cfg: DataConfig) -> None:
             prompts.append(ids)
         if len(prompts) >= cfg.prompts:
             break
+    if not prompts:  # else an --out with only meta.json, which `train fit` cannot train on
+        raise ValidationError("--max-prompt-tokens", f"no ShareGPT prompt has at most {cfg.max_prompt_tokens} tokens")
     # Similar lengths in one batch (left padding to the longest prompt would otherwise dominate prefill cost), sorted
     # only within windows so that a larger --prompts keeps what the shards of the complete windows hold.
     prompts = sort_in_windows(prompts, cfg.batch_size * WINDOW_BATCHES, len)
@@ -240,19 +242,34 @@ def run_teacher_forced(cfg: TeacherForcedConfig) -> None:
     the target's own next-token predictions stored as labels (`target_pred`). Off-policy contexts, on-policy
     labels: one forward pass per sequence instead of one per token, so several times more tokens per CPU second
     than regeneration."""
-    from dflash.load import load_target_model
-
     check_resume(cfg.out, cfg.settings())  # before the model loads: a refusal takes a second
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    model, tokenizer = load_target_model(cfg.target)
+    model, tokenizer = load_target(cfg.target)
     check_layers_exist(cfg.layers, model.config.num_hidden_layers)
     model.eval()
     rows = sort_in_windows(recorded_rows(tokenizer, cfg), cfg.batch_size * WINDOW_BATCHES, lambda pr: len(pr[0]) + len(pr[1]))
+    if not rows:  # else an --out with only meta.json, which `train fit` cannot train on
+        raise ValidationError("--min-prompt-tokens" if cfg.min_prompt_tokens else "--max-prompt-tokens",
+                              f"no ShareGPT reply ({cfg.turns} turns) has a prompt of more than --min-prompt-tokens "
+                              f"{cfg.min_prompt_tokens} and at most --max-prompt-tokens {cfg.max_prompt_tokens} tokens")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     write_meta(out, cfg.settings(), model.config)
     write_teacher_forced(model, tokenizer.pad_token_id or 0, rows, out, cfg)
+
+
+def load_target(source: str):
+    """The target model and tokenizer; one that cannot be loaded is named as the --target option."""
+    from dflash.errors import ModelLoadError
+    from dflash.load import load_target_model
+
+    try:
+        return load_target_model(source)
+    except ModelLoadError as exc:
+        if not str(exc).startswith("target: "):
+            raise
+        raise ValidationError("--target", str(exc).removeprefix("target: ")) from None
 
 
 def recorded_rows(tokenizer, cfg: TeacherForcedConfig) -> list[tuple[list[int], list[int]]]:

@@ -114,6 +114,7 @@ class TeacherForcedConfig:
         for option, value, lo in (("--conversations", self.conversations, 1), ("--batch-size", self.batch_size, 1),
                                   ("--max-response-tokens", self.max_response_tokens, 1), ("--threads", self.threads, 1)):
             _at_least(option, value, lo)
+        _at_least("--max-prompt-tokens", self.max_prompt_tokens, 1)  # before the range, which names --min-prompt-tokens
         if not 0 <= self.min_prompt_tokens < self.max_prompt_tokens:
             raise ValidationError("--min-prompt-tokens", "must be >= 0 and below --max-prompt-tokens")
         if self.turns not in TURNS:
@@ -143,8 +144,11 @@ def _refusal(key: str, stored, wanted) -> ValidationError:
 
 
 def check_resume(out_dir: str | Path, settings: dict) -> None:
-    """Refuse to resume `out_dir` when shards there were made with other settings (a count may only grow)."""
+    """Refuse to resume `out_dir` when shards there were made with other settings (a count may only grow), or an
+    `out_dir` that is a file."""
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValidationError("--out", f"{out} is a file; give a directory")
     if not any(out.glob("shard_*.safetensors")):
         return
     if not (out / "meta.json").is_file():

@@ -17,75 +17,16 @@ from pathlib import Path
 
 import torch
 
-from dflash.draft import DFlashDraftModel, DraftConfig, build_target_layer_ids, load_draft, save_draft
-from dflash.errors import ValidationError
-from dflash.training.corpus import Corpus, feature_columns, frequent_vocab, split_last_layer
-from dflash.training.fit_config import FitConfig, option, read_data_meta
+from dflash.draft import DFlashDraftModel, DraftConfig, load_draft, save_draft
+from dflash.errors import ModelLoadError, ValidationError
+from dflash.training.corpus import Corpus, frequent_vocab
+from dflash.training.fit_checks import STATE_NAME, check_against_data, check_resume, is_resume, stored_vocab
+from dflash.training.fit_config import FitConfig, check_out, corpus_fingerprint, read_data_meta
 from dflash.training.interrupt import deferred_interrupt
 from dflash.training.objective import (block_attention_mask, cosine_lr, default_gamma, on_policy_prefix, partial_mask,
                                        position_weights, sample_anchors, weighted_loss)
 
 log = logging.getLogger("dflash.train")
-STATE_NAME = "trainer_state.safetensors"
-# Options that change no weight (only when it is saved, measured or run): a resume may change them; others are refused.
-FREE_ON_RESUME = ("out", "threads", "ckpt_every", "eval_every", "stop_at", "snapshot_base")
-
-
-def check_against_data(cfg: FitConfig, metas: list[dict]) -> list[int]:
-    """The target layers to fuse (the z-lab rule for --layers unless --layer-ids), checked against what every data
-    directory stores, and the other options the data bounds; before the target loads."""
-    meta = metas[0]
-    ids = cfg.target_layer_ids or build_target_layer_ids(meta["num_target_layers"], cfg.layers)
-    for m in metas:
-        try:
-            from_features, _ = split_last_layer(m["layer_ids"], ids, m["num_target_layers"])
-            feature_columns(m["layer_ids"], from_features, m["hidden_size"])
-        except ValueError as exc:
-            raise ValidationError("--layer-ids" if cfg.target_layer_ids else "--layers", str(exc)) from None
-    if cfg.mask_token_id >= meta["vocab_size"]:
-        raise ValidationError("--mask-token-id", f"must be below the target's vocabulary size {meta['vocab_size']}, "
-                                                 f"got {cfg.mask_token_id}")
-    if cfg.init_from and not Path(cfg.init_from, "config.json").is_file():
-        raise ValidationError("--init-from", f"{cfg.init_from} is not a draft directory (no config.json)")
-    return ids
-
-
-def check_resume(cfg: FitConfig) -> None:
-    """Refuse an --out whose checkpoint was trained with other settings (continuing it would train a mix of two
-    runs, or fail on the weights' shapes), whose trainer state is unreadable, or that holds a draft `fit` did not
-    make (its first checkpoint would overwrite it); before the target loads."""
-    stored = stored_config(Path(cfg.out))
-    wanted = asdict(cfg)
-    for key in (k for k in wanted if k in stored and k not in FREE_ON_RESUME):
-        same = _paths(stored[key]) == _paths(wanted[key]) if key in ("data", "init_from") else stored[key] == wanted[key]
-        if not same:
-            raise ValidationError(option(key), f"the checkpoint in --out was trained with {stored[key]!r}, not "
-                                               f"{wanted[key]!r}; use the same value or another --out")
-
-
-def stored_config(out: Path) -> dict:
-    """The FitConfig (as a dict) of the run in `out`: the trainer state's, else config.json's (a state saved
-    before the state recorded it, or a run killed in its first checkpoint); {} for a new directory."""
-    from safetensors import SafetensorError, safe_open
-
-    state, config, stored = out / STATE_NAME, out / "config.json", None
-    try:
-        if state.is_file():
-            with safe_open(str(state), "pt") as f:
-                stored = json.loads(f.metadata().get("config", "null"))
-        if stored is None and config.is_file():
-            stored = json.loads(config.read_text()).get("dflash_training")
-            if stored is None:
-                raise ValidationError("--out", f"{out} holds a draft that `train fit` did not make; start from it with "
-                                               "--init-from or use another --out")
-    except (SafetensorError, json.JSONDecodeError, OSError, AttributeError) as exc:
-        raise ValidationError("--out", f"{out} holds an unreadable checkpoint ({exc}); delete it or use another --out") from None
-    return stored or {}
-
-
-def _paths(value: str) -> list[str]:
-    """Comma-separated directories, resolved: `data` and `./data/` are the same data."""
-    return [str(Path(d).resolve()) for d in value.split(",")] if value else []
 
 
 def widen_fc(weight: torch.Tensor, old_ids: list[int], new_ids: list[int]) -> torch.Tensor:
@@ -114,11 +55,14 @@ class Trainer:
         from dflash.target import Target
 
         metas = read_data_meta(cfg.data)
+        check_out(cfg.out)
         layer_ids = check_against_data(cfg, metas)  # bad options fail here, before the target loads
         check_resume(cfg)
+        self.cfg, self.resuming = cfg, is_resume(cfg)
+        self.fingerprint = corpus_fingerprint(cfg.data)  # the corpus read now: a resume checks it is the same
+        self.corpus = self.read_corpus(layer_ids)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        self.cfg = cfg
         model, tokenizer = load_target_model(metas[0].get("target", SMOLLM2_GGUF))
         tc = model.config
         # Frozen, shared: the target's embedding and LM head. [V, H] each.
@@ -127,11 +71,6 @@ class Trainer:
         stops = sorted(Target(model, tokenizer).stop_ids())
         final_norm = model.model.norm.weight.detach().float().clone()  # [H]
         del model
-        self.corpus = Corpus(cfg.data, layer_ids, cfg.holdout_shards)
-        if cfg.data_fraction < 1.0:  # a fixed-seed subset, so the ablation is reproducible
-            keep = torch.randperm(len(self.corpus.train), generator=torch.Generator().manual_seed(0))
-            keep = keep[: max(1, int(len(keep) * cfg.data_fraction))].sort().values.tolist()
-            self.corpus.train = [self.corpus.train[i] for i in keep]
         head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
         self.dcfg = DraftConfig(hidden_size=tc.hidden_size, num_hidden_layers=cfg.layers,
                                 num_attention_heads=tc.num_attention_heads, num_key_value_heads=tc.num_key_value_heads,
@@ -143,6 +82,7 @@ class Trainer:
         log.info("corpus: %d training sequences, %d response tokens; %d held out", len(self.corpus.train),
                  self.corpus.n_tokens(), len(self.corpus.heldout))
         self.draft, vocab = self.init_draft(final_norm)
+        vocab = stored_vocab(Path(cfg.out)) if self.resuming else vocab  # the run's own, whatever changed since
         if vocab is not None:
             self.vocab = vocab
         elif cfg.draft_vocab:
@@ -171,14 +111,34 @@ class Trainer:
                 torch.nn.init.zeros_(mod.weight) if zero else torch.nn.init.normal_(mod.weight, std=0.02)
         with torch.no_grad():  # the target's final-norm gain gives the shared LM head its expected input scale
             draft.norm.weight.copy_(final_norm)
-        return self.warm_start(draft) if self.cfg.init_from else (draft, None)
+        # A resume loads every weight from its trainer state: the --init-from draft is not read again.
+        return self.warm_start(draft) if self.cfg.init_from and not self.resuming else (draft, None)
+
+    def read_corpus(self, layer_ids: list[int]) -> Corpus:
+        """The training and held-out sequences (a fixed-seed fraction with --data-fraction), refused when no
+        response is long enough for one block (every step would train nothing)."""
+        cfg = self.cfg
+        corpus = Corpus(cfg.data, layer_ids, cfg.holdout_shards)
+        if cfg.data_fraction < 1.0:  # a fixed-seed subset, so the ablation is reproducible
+            keep = torch.randperm(len(corpus.train), generator=torch.Generator().manual_seed(0))
+            keep = keep[: max(1, int(len(keep) * cfg.data_fraction))].sort().values.tolist()
+            corpus.train = [corpus.train[i] for i in keep]
+        longest = max((len(s) - s.prompt_len for s in corpus.train), default=0)
+        if longest < cfg.block_size:  # sample_anchors: a block needs block_size response tokens from its anchor on
+            raise ValidationError("--block-size", f"no response in --data is long enough for a block of {cfg.block_size} "
+                                                  f"(the longest training response has {longest} tokens); use a smaller "
+                                                  "--block-size or longer responses")
+        return corpus
 
     def warm_start(self, draft: DFlashDraftModel) -> tuple[DFlashDraftModel, torch.Tensor | None]:
         """Load the `init_from` draft into `draft`. A deeper run keeps the source's layers and appends new ones
         whose residual writes (o_proj, down_proj) start at 0, and a run that fuses more target layers gives the
         new layers' `fc` columns 0, so at step 0 it computes exactly the source draft's function: depth and
         features grow without losing what was learned."""
-        src, vocab = load_draft(self.cfg.init_from)
+        try:
+            src, vocab = load_draft(self.cfg.init_from)
+        except ModelLoadError as exc:  # its weights unreadable (its config was checked before the target loaded)
+            raise ValidationError("--init-from", f"{self.cfg.init_from}: {str(exc).removeprefix('draft: ')}") from None
         shape = lambda c: c.to_hf_dict() | {"block_size": 0, "num_hidden_layers": 0, "dflash_config": 0}  # noqa: E731
         kept, old_ids = src.config.num_hidden_layers, src.config.target_layer_ids
         if (shape(src.config) != shape(self.dcfg) or kept > self.dcfg.num_hidden_layers
@@ -301,7 +261,9 @@ class Trainer:
         # The state is the checkpoint's commit point, written last and atomically: a kill mid-write leaves the
         # previous state whole, and a resume from it makes the draft files again.
         tmp = out / (STATE_NAME + ".tmp")
-        save_file(state, str(tmp), metadata={"step": str(self.step), "config": json.dumps(asdict(self.cfg))})
+        state["vocab"] = self.vocab.contiguous()  # a resume keeps it (fit_checks.stored_vocab)
+        save_file(state, str(tmp), metadata={"step": str(self.step), "config": json.dumps(asdict(self.cfg)),
+                                             "corpus": json.dumps(self.fingerprint)})
         tmp.replace(out / STATE_NAME)
 
     def trim_log(self) -> None:
@@ -364,7 +326,7 @@ class Trainer:
                 tqdm(total=self.cfg.steps, initial=self.step, disable=not progress, desc="fit") as bar:
             while self.step < (self.cfg.stop_at or self.cfg.steps):
                 if ctrl_c.is_set():
-                    raise KeyboardInterrupt
+                    self.stop_here(start)
                 m = self.train_step()
                 m["s_per_step"] = (time.time() - t0) / (self.step - start)
                 bar.update(1)
@@ -381,3 +343,11 @@ class Trainer:
                     self.save_snapshot()
                 if self.step % self.cfg.ckpt_every == 0 or self.step in (self.cfg.steps, self.cfg.stop_at):
                     self.save()
+
+    def stop_here(self, start: int) -> None:
+        """Ctrl-C at a step boundary: checkpoint the steps since the last one, so the same command resumes from here
+        exactly (a second Ctrl-C while it is written leaves the previous checkpoint: every file is renamed into place)."""
+        if self.step > start and self.step % self.cfg.ckpt_every:  # else this step's checkpoint is written
+            self.save()
+        log.info("stopped at step %d; checkpoint in %s: run the same command to resume", self.step, self.cfg.out)
+        raise KeyboardInterrupt

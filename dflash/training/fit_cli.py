@@ -7,8 +7,37 @@ import json
 import sys
 from dataclasses import fields
 
-from dflash.errors import ValidationError
-from dflash.training.fit_config import FitConfig, read_data_meta
+from dflash.errors import ModelLoadError, ValidationError
+from dflash.training.fit_config import FitConfig, check_out, read_data_meta
+
+# `train fit --help`: each option's meaning; argparse adds its default.
+FIT_HELP = {
+    "layers": "the draft's depth: its number of decoder layers (not target layer ids, as in data/data-tf)",
+    "block_size": "block size the draft is trained for (>= 2)",
+    "gamma": "position-weight decay of the loss; 0: the paper's value for the block size",
+    "steps": "optimizer steps of the cosine schedule",
+    "seqs_per_step": "sequences per step",
+    "anchors_per_seq": "blocks (anchors) per sequence",
+    "lr": "peak learning rate",
+    "weight_decay": "AdamW weight decay",
+    "clip": "gradient-norm clip",
+    "partial_prob": "probability of leaving some block positions unmasked (0-1)",
+    "kl_weight": "weight of the KL term to the target's distribution",
+    "draft_vocab": "draft vocabulary: the most frequent response tokens; 0: the target's full vocabulary",
+    "mask_token_id": "token id of the MASK input",
+    "intermediate_size": "draft MLP width; 0: the target's",
+    "seed": "seed of the initialisation and the batches",
+    "ckpt_every": "checkpoint every N steps",
+    "eval_every": "teacher-forced held-out metrics every N steps",
+    "holdout_shards": "last shards of each data directory held out for the metrics",
+    "data_fraction": "train on this fraction of the training sequences (data-size ablation)",
+    "threads": "CPU threads; 0: torch's default",
+    "init_from": "a draft directory to warm-start from (weights and draft vocabulary); read at the start only",
+    "residual_init": "zero: o_proj/down_proj start at 0; normal: N(0, 0.02)",
+    "onpolicy_blocks": "1: supervise teacher-forced blocks only along the target's own path",
+    "stop_at": "stop after this step (<= --steps; the schedule stays that of --steps); 0: at --steps",
+    "snapshot_base": "keep the draft at steps base*2^k (log-spaced); 0: off",
+}
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
@@ -19,7 +48,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
         except ValueError:
             raise ValidationError("--layer-ids", f"must be comma-separated integers, got {args.layer_ids!r}") from None
     cfg = FitConfig(**kw)  # checks the options before torch is imported; the Trainer checks them against the data
-    read_data_meta(cfg.data)  # a missing data directory, too
+    read_data_meta(cfg.data)  # a missing data directory, or one without shards, too
+    check_out(cfg.out)
     from dflash.training.fit import Trainer
 
     Trainer(cfg).fit()
@@ -38,16 +68,40 @@ def eval_prompts(args: argparse.Namespace) -> list[str | list[int]]:
         raise ValidationError("--limit", f"must be >= 1, got {args.limit}")
     if args.output:  # not after the whole evaluation
         check_output_path("--output", args.output)
+    if args.block_size is not None and args.block_size < 2:  # a block of 1 is the no-draft loop
+        raise ValidationError("--block-size", f"must be >= 2 (a block of 1 drafts nothing), got {args.block_size}")
     # A request field's error names the field; the CLI prints the option it stands for (dflash.cli.option_name).
     Request(prompt_ids=(0,), max_new_tokens=args.max_new_tokens, block_size=args.block_size,
             diffusion_steps=args.steps, temperature=args.temperature, seed=args.seed)
     return [r.text if r.ids is None else r.ids for r in prompt_rows(args.prompts, args.limit)]
 
 
+def check_eval_draft(args: argparse.Namespace) -> None:
+    """A local draft directory's config.json (read without its weights) and --block-size against its trained block,
+    before the target loads; a hub id is left to the loader."""
+    from pathlib import Path
+
+    from dflash.registry import get_preset
+
+    draft = args.draft or get_preset(args.preset).draft
+    if not draft or not Path(draft).is_dir():
+        return
+    from dflash.draft import read_draft_config
+
+    try:
+        trained = read_draft_config(draft).block_size
+    except ModelLoadError as exc:
+        raise ValidationError("--draft", f"{draft}: {str(exc).removeprefix('draft: ')}") from None
+    if args.block_size is not None and args.block_size > trained:
+        raise ValidationError("--block-size", f"must be in [2, {trained}] (the draft's trained block size), "
+                                              f"got {args.block_size}")
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     """τ and acceptance histogram with the real loop, greedy, and speed vs the no-draft run (same process,
     interleaved per prompt)."""
     prompts = eval_prompts(args)  # before torch is imported
+    check_eval_draft(args)
     from tqdm import tqdm
 
     from dflash.bench.machine import machine_info
@@ -55,13 +109,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from dflash.training.evaluate import evaluate_draft
 
     # float32: the exact mode, so "identical" counts outputs equal to the no-draft loop's token for token.
-    engine, info = load_engine(args.preset, draft=args.draft, dtype="float32", threads=args.threads)
+    try:
+        engine, info = load_engine(args.preset, draft=args.draft, dtype="float32", threads=args.threads)
+    except ModelLoadError as exc:  # the draft's weights unreadable (a save cut short): named as the option
+        if not str(exc).startswith("draft: "):
+            raise
+        raise ValidationError("--draft", str(exc).removeprefix("draft: ")) from None
     with tqdm(total=len(prompts), desc=f"eval {args.prompts}", disable=args.quiet) as bar:  # closed on Ctrl-C too
         res = evaluate_draft(engine, prompts, args.max_new_tokens, args.block_size, args.steps, not args.no_baseline,
                              on_prompt=lambda _row: bar.update(1), temperature=args.temperature, seed=args.seed)
     rows = res.pop("rows")
     out = {"prompts": args.prompts, "draft": info.get("draft"), "max_new_tokens": args.max_new_tokens,
-           "block_size": args.block_size, "steps": args.steps, "temperature": args.temperature, **res,
+           "block_size": args.block_size or engine.trained_block_size,  # the block used: the draft's when not given
+           "steps": args.steps, "temperature": args.temperature, **res,
            "machine": machine_info(info["device"]), "settings": info.get("host")}
     print(json.dumps(out))
     if args.output:
@@ -72,13 +132,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def add_stages(stages) -> None:
     f = stages.add_parser("fit", help="train the draft on a data directory (resumes from --out with the same settings)")
-    f.add_argument("--data", required=True)
-    f.add_argument("--out", required=True)
+    f.add_argument("--data", required=True, help="data directories of `train data`/`data-tf`, comma-separated")
+    f.add_argument("--out", required=True, help="run directory: the draft, checkpoints, logs (resumed if it holds a run)")
     for fld in fields(FitConfig):
         if fld.name in ("data", "out", "target_layer_ids"):
             continue
-        f.add_argument("--" + fld.name.replace("_", "-"), type=type(fld.default), dest=fld.name)
-    f.add_argument("--layer-ids", help="target layers to fuse, comma-separated (default: the z-lab rule)")
+        # The parser's own default is None ("not given": FitConfig's applies); the help shows FitConfig's.
+        f.add_argument("--" + fld.name.replace("_", "-"), type=type(fld.default), dest=fld.name,
+                       help=f"{FIT_HELP[fld.name]} (default: {fld.default!r})".replace("%", "%%"))
+    f.add_argument("--layer-ids", help="target layers to fuse, comma-separated (default: the z-lab rule for --layers)")
     f.set_defaults(func=cmd_fit, _parser=f)
     e = stages.add_parser("eval", help="tau / histogram / speed vs no-draft with the real loop")
     e.add_argument("--preset", default="default")

@@ -57,6 +57,8 @@ class FitConfig:
         for name, lo, hi in (("gamma", 0.0, None), ("lr", None, None), ("weight_decay", 0.0, None), ("clip", None, None),
                              ("kl_weight", 0.0, None), ("partial_prob", 0.0, 1.0), ("data_fraction", None, 1.0)):
             _check_float(name, getattr(self, name), lo, hi)
+        if self.stop_at > self.steps:  # the steps past --steps would run at learning rate 0
+            raise ValidationError("--stop-at", f"must be <= --steps ({self.steps}), got {self.stop_at}")
         ids = self.target_layer_ids
         if min(ids, default=0) < 0 or len(set(ids)) != len(ids):
             raise ValidationError("--layer-ids", f"must be distinct layer indices >= 0, got {','.join(map(str, ids))}")
@@ -75,12 +77,40 @@ def option(name: str) -> str:
     return "--layer-ids" if name == "target_layer_ids" else "--" + name.replace("_", "-")
 
 
+# meta.json keys that say which target made the data: directories made for different targets cannot be mixed.
+TARGET_KEYS = ("target", "hidden_size", "num_target_layers", "vocab_size")
+
+
 def read_data_meta(data: str) -> list[dict]:
-    """meta.json of every comma-separated data directory, read before the target loads."""
+    """meta.json of every comma-separated data directory, read before the target loads; each must hold shards, and
+    all must come from the same target (their features have its shape)."""
     metas = []
     for d in data.split(","):
         path = Path(d) / "meta.json"
         if not path.is_file():
             raise ValidationError("--data", f"{d} has no meta.json: give directories made by `train data` or `train data-tf`")
-        metas.append(json.loads(path.read_text()))
+        if not any(Path(d).glob("shard_*.safetensors")):  # a run that selected no sequence, or one stopped at once
+            raise ValidationError("--data", f"{d} holds no shards; make them with `train data` or `train data-tf`")
+        try:
+            metas.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:
+            raise ValidationError("--data", f"{d}/meta.json is unreadable ({exc})") from None
+    dirs = data.split(",")
+    for d, meta in zip(dirs[1:], metas[1:]):
+        for key in (k for k in TARGET_KEYS if meta.get(k) != metas[0].get(k)):
+            raise ValidationError("--data", f"{d} was made for another target than {dirs[0]} ({key} {meta.get(key)!r}, "
+                                            f"not {metas[0].get(key)!r}); give directories made with the same --target")
     return metas
+
+
+def check_out(out: str) -> None:
+    """--out is a directory the run writes (made if missing): an existing file there is refused up front."""
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ValidationError("--out", f"{out} is a file; give a directory")
+
+
+def corpus_fingerprint(data: str) -> dict[str, list]:
+    """What a resume checks is the corpus it started on: per data directory, each shard's name and size. Data grown
+    by `train data --prompts` or `data-tf --conversations` changes it (new shards, a remade last window)."""
+    return {str(Path(d).resolve()): [[p.name, p.stat().st_size] for p in sorted(Path(d).glob("shard_*.safetensors"))]
+            for d in data.split(",")}
