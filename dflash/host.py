@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 from dataclasses import asdict, dataclass, field
@@ -24,6 +25,8 @@ import torch
 from torch import nn
 
 from dflash.probe import PROBE_VERSION, probe
+
+log = logging.getLogger("dflash")
 
 
 def cpu_model() -> str:
@@ -89,6 +92,7 @@ class HostSettings:
     matmul_ms: dict = field(default_factory=dict)
     candidates: list[dict] = field(default_factory=list)
     machine: dict = field(default_factory=dict)
+    load_per_core: float | None = None  # the 1-minute load average per usable core when probed (None: not recorded)
 
     @property
     def exact(self) -> bool:
@@ -131,12 +135,34 @@ def cache_key(model_id: str, block: int, dtypes: list[str], threads: list[int]) 
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 
+# A probe taken while every core was busy with other work times each candidate several times too slow, unevenly:
+# its choice can be far from the fastest (seen: float32 on 1 thread at 0.6x the best setting). Such a cached choice
+# is measured again once the machine is quiet; one taken quiet is kept for good (DFLASH_PROBE=refresh re-measures).
+BUSY_LOAD, QUIET_LOAD = 1.0, 0.5  # 1-minute load average per usable core
+
+
+def load_per_core() -> float | None:
+    try:
+        return round(os.getloadavg()[0] / usable_cores(), 2)
+    except (AttributeError, OSError):  # no load average on this platform
+        return None
+
+
 def read_cached(path: Path, key: str) -> HostSettings | None:
+    """The cached choice for `key`, or None to probe again: none cached, unreadable, or taken on a busy machine that
+    is quiet now."""
     try:
         entry = json.loads(path.read_text()).get(key)
-        return HostSettings(**{**entry, "source": "cache"}) if isinstance(entry, dict) else None
+        found = HostSettings(**{**entry, "source": "cache"}) if isinstance(entry, dict) else None
     except (OSError, ValueError, TypeError):
         return None  # missing, unreadable or from another version: probe again
+    now = load_per_core()
+    if found and found.load_per_core is not None and found.load_per_core >= BUSY_LOAD and now is not None \
+            and now < QUIET_LOAD:
+        log.info("the cached CPU settings were measured on a busy machine (load %.2f per core); measuring again now "
+                 "that it is quiet (%.2f)", found.load_per_core, now)
+        return None
+    return found
 
 
 def write_cached(path: Path, key: str, settings: HostSettings) -> None:
@@ -185,7 +211,7 @@ PROBE_MODES = ("0", "1", "refresh")
 
 def env_probe() -> str:
     """DFLASH_PROBE: "1" (default) probe once and cache, "0" never probe, "refresh" probe again and re-cache
-    (a choice cached at a busy moment is otherwise kept for good)."""
+    (a choice cached at a moderately busy moment is otherwise kept; see BUSY_LOAD)."""
     raw = os.environ.get("DFLASH_PROBE", "").strip() or "1"
     if raw not in PROBE_MODES:
         from dflash.errors import ValidationError
@@ -209,6 +235,8 @@ def choose(model: nn.Module, model_id: str, block: int, cache_file: Path, dtype:
     found = read_cached(cache_file, key) if mode == "1" else None
     if found is not None:
         return found
-    settings = HostSettings(**probe(model, block, dtypes, counts), source="probe", block=block, machine=machine_key())
+    load = load_per_core()  # before the probe's own work
+    settings = HostSettings(**probe(model, block, dtypes, counts), source="probe", block=block, machine=machine_key(),
+                            load_per_core=load)
     write_cached(cache_file, key, settings)
     return settings

@@ -52,6 +52,7 @@ def record(only: tuple[str, ...] = PARTS) -> None:
         before, os.environ["DFLASH_PROBE"] = os.environ.get("DFLASH_PROBE"), "refresh"
         try:
             _, info = load_engine()
+            load_engine(no_draft=True)  # the engine without a draft is probed on its own (the step alone): refresh it too
         finally:  # the profiles below (subprocesses) read that cached choice, never probe again
             os.environ.pop("DFLASH_PROBE")
             if before is not None:

@@ -161,3 +161,21 @@ def test_the_tables_verdicts_give_each_ratio_with_its_interval_over_the_prompts(
     assert ("**0.94×** (95 % interval over the prompts 0.88–1.01) the fastest fixed setting" in new
             and "**0.95×** (95 % interval over the prompts 0.90–1.00) `hf-generate`" in new)
     assert "**0.94×** the fastest fixed setting" in old and "interval" not in old
+
+
+@pytest.mark.parametrize("then,now,probed_again", [(2.0, 0.1, True), (2.0, 1.5, False), (0.3, 0.1, False),
+                                                   (None, 0.1, False)])
+def test_a_choice_cached_on_a_busy_machine_is_measured_again_once_it_is_quiet(tmp_path, monkeypatch, then, now,
+                                                                             probed_again):
+    """A probe taken while other work filled the cores (load `then` per core) is taken again at a start on a quiet
+    machine (load `now`); one taken quiet, or whose load was not recorded (older caches), is kept."""
+    model, path = tiny_target("llama", seed=0).model, tmp_path / "settings.json"
+    first = host.choose(model, "tiny", 4, path, dtype="float32", threads=1)
+    assert isinstance(first.load_per_core, float)  # recorded when probed
+    (key, entry), = json.loads(path.read_text()).items()
+    path.write_text(json.dumps({key: {**entry, "probe_s": -1.0, "load_per_core": then}}))
+    monkeypatch.setattr(host.os, "getloadavg", lambda: (now * host.usable_cores(), 0.0, 0.0))
+    again = host.choose(model, "tiny", 4, path, dtype="float32", threads=1)
+    assert (again.source == "probe" and again.probe_s > 0) if probed_again else again.probe_s == -1.0
+    if probed_again:
+        assert json.loads(path.read_text())[key]["load_per_core"] == now  # the quiet measurement replaced it
