@@ -143,8 +143,9 @@ def probe_source(host: dict, cpu_model: str) -> str:
             else f"the host probe's choice cached on that machine, probe version {version}")
     for path in sorted((res / "host").glob("*.json")):
         rec = json.loads(path.read_text())
-        if "candidates" not in rec or rec["machine"]["cpu_model"] != cpu_model:
-            continue
+        same_cpu = (rec.get("machine") or {}).get("cpu_flags") == (host.get("machine") or {}).get("cpu_flags")
+        if "candidates" not in rec or rec["machine"]["cpu_model"] != cpu_model or not same_cpu:
+            continue  # one CPU model name comes with different SIMD sets (AMD EPYC: AVX2 only, or AVX-512)
         chosen = (rec["dtype"], rec["threads"], rec["layout"])
         if chosen != (host["dtype"], host["threads"], host["layout"]):
             won = next(c for c in host.get("candidates", []) if (c["dtype"], c["threads"]) == chosen[:2])

@@ -59,7 +59,8 @@ def data_rows() -> list[str]:
         secs = int(tokens) / float(rate)
         # A log's command line may end in a note, "  (…)": outside the code span, so what is quoted runs as pasted.
         run, note = (re.match(r"(.*?)\s{2,}(\(.*\))$", cmd) or re.match(r"(.*)()$", cmd)).groups()
-        rows.append(f"| {name} | {shard} of {total} | {int(tokens):,} | {secs / 60:.0f} min | {float(rate):.0f} | `{run}` {note} |")
+        rows.append(f"| {name} | {shard} of {total} | {int(tokens):,} | {secs / 60:.0f} min | {float(rate):.0f} | "
+                    f"`{run}` {note} |")
     return rows
 
 
@@ -363,7 +364,8 @@ def default_policy_words(p: dict | None) -> str:
         return ""
     return (f" With the engine's default block policy (`auto`: on a CPU the cost policy, which picks the block size "
             f"that maximises expected tokens per millisecond) it ran at **{p['speedup']:.2f}×** on the same "
-            f"{p['n_prompts']} prompts in the headline benchmark, a separate run with its own settings ({p['settings']}; "
+            f"{p['n_prompts']} prompts in the headline benchmark, a separate run with its own host and settings "
+            f"({p['cpu']}, {p['settings']}; "
             f"τ {p['tau']:.2f}, `{p['source']}`).")
 
 

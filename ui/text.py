@@ -73,7 +73,8 @@ def draft_notice(evaluation_file: Path) -> str:
         return f"**{x:.2f}× the speed of plain decoding ({'faster' if x > 1.0 else 'slower'})**"
 
     policy = (f"; with the default block-size policy (auto: on a CPU, the block that maximises expected tokens per "
-              f"millisecond), in a separate benchmark run, it ran {speed(default['speedup'])}" if isinstance(default, dict) else "")
+              f"millisecond), in a separate benchmark run, it ran {speed(default['speedup'])}"
+              if isinstance(default, dict) else "")
     return (f"**About the default draft:** it was trained on a 2-core CPU. On {mt['n_prompts']} MT-Bench prompts it "
             f"reaches τ = {mt['tau']:.2f} tokens per target step; on the CPU it was measured on ({mt['cpu']}), at its "
             f"fixed block of 8, DFlash ran {speed(mt['speedup'])}{policy} — the output is exactly the target's either "
@@ -94,7 +95,7 @@ Pick an example prompt, press **Generate**, then follow one block through the fo
    underline) when the whole block was right. Hover a token to see its block, position and confidence.
 4. **Adapt** — the *block length* chart shows the size drafted at each step and how many tokens were committed;
    with an adaptive policy the controller's decisions are written on the curve. On a CPU the default policy
-   (auto → cost) soon settles on blocks of 2–3, where it expects the most tokens per second; to watch whole
+   (auto → cost) soon settles on small blocks (2–4), where it expects the most tokens per second; to watch whole
    blocks of 8 being drafted and verified, set **Policy** to *fixed* under "Adaptive block length".
 
 **Copying** — the draft cannot copy text it has seen, but the target repeats itself (names in code, list items). Set
