@@ -143,12 +143,17 @@ def _refusal(key: str, stored, wanted) -> ValidationError:
                                                       f"{_show(wanted)}; use the same value or another --out")
 
 
+def check_out(out: str | Path) -> None:
+    """--out is a directory the run writes (made if missing): an existing file there is refused up front."""
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ValidationError("--out", f"{out} is a file; give a directory")
+
+
 def check_resume(out_dir: str | Path, settings: dict) -> None:
     """Refuse to resume `out_dir` when shards there were made with other settings (a count may only grow), or an
     `out_dir` that is a file."""
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ValidationError("--out", f"{out} is a file; give a directory")
+    check_out(out)
     if not any(out.glob("shard_*.safetensors")):
         return
     if not (out / "meta.json").is_file():

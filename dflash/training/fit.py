@@ -21,7 +21,8 @@ from dflash.draft import DFlashDraftModel, DraftConfig, load_draft, save_draft
 from dflash.errors import ModelLoadError, ValidationError
 from dflash.training.corpus import Corpus, frequent_vocab
 from dflash.training.fit_checks import STATE_NAME, check_against_data, check_resume, is_resume, stored_vocab
-from dflash.training.fit_config import FitConfig, check_out, corpus_fingerprint, read_data_meta
+from dflash.training.data_config import check_out
+from dflash.training.fit_config import FitConfig, corpus_fingerprint, read_data_meta
 from dflash.training.interrupt import deferred_interrupt
 from dflash.training.objective import (block_attention_mask, cosine_lr, default_gamma, on_policy_prefix, partial_mask,
                                        position_weights, sample_anchors, weighted_loss)

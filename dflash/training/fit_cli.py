@@ -8,7 +8,8 @@ import sys
 from dataclasses import fields
 
 from dflash.errors import ModelLoadError, ValidationError
-from dflash.training.fit_config import FitConfig, check_out, read_data_meta
+from dflash.training.data_config import check_out
+from dflash.training.fit_config import FitConfig, read_data_meta
 
 # `train fit --help`: each option's meaning; argparse adds its default.
 FIT_HELP = {

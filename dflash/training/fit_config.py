@@ -103,12 +103,6 @@ def read_data_meta(data: str) -> list[dict]:
     return metas
 
 
-def check_out(out: str) -> None:
-    """--out is a directory the run writes (made if missing): an existing file there is refused up front."""
-    if Path(out).exists() and not Path(out).is_dir():
-        raise ValidationError("--out", f"{out} is a file; give a directory")
-
-
 def corpus_fingerprint(data: str) -> dict[str, list]:
     """What a resume checks is the corpus it started on: per data directory, each shard's name and size. Data grown
     by `train data --prompts` or `data-tf --conversations` changes it (new shards, a remade last window)."""
