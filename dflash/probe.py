@@ -20,12 +20,13 @@ from torch import nn
 from dflash.adaptive import PRIOR_ALPHA, expected_tokens
 from dflash.packed import LAYOUTS
 
-PROBE_VERSION = 7  # 2: fewer threads for the leading dtype only; 3: layouts interleaved, fastest rep; 4: 64-token context;
+PROBE_VERSION = 8  # 2: fewer threads for the leading dtype only; 3: layouts interleaved, fastest rep; 4: 64-token context;
 # 5: scored by expected ms per token (pair or block verify), slow candidates dropped after one timing; 6: dtypes
 # interleaved too, a context cast from float32's, fewer threads dropped like the rest, float32 matmuls for prefills;
-# 7: warm-ups of one token, the low-precision copy cast while copying
+# 7: warm-ups of one token, the low-precision copy cast while copying; 8: the leader's thread counts interleaved
 CONTEXT = 64  # tokens in the KV cache while timing (a longer one costs its prefill in every dtype, bfloat16's slow)
 REPS = 2  # timed forwards per shape and candidate (the fastest is kept), after one warm-up
+THREAD_REPS = 3  # the same for the leader's thread counts, timed against each other (see `_thread_rows`)
 FLOAT32_ROWS = 16  # prefills this long or longer may run their matmuls in float32 (see `matmul_ms`); shorter
 # forwards (verifies of a block) stay in the dtype: measured on an AVX2-only CPU, a whole 8-token bfloat16 forward costs
 # 162 ms natively and 193 ms with float32 matmuls (casting every weight outweighs 8 rows), 16 tokens 336 vs 285 ms
@@ -62,8 +63,8 @@ def lower_bound(ms: dict[int, float], sizes: list[int], block: int) -> float:
     return score_ms({n: ms.get(n, ms[1]) for n in sizes}, block)
 
 
-def _measure(variants: dict, block: int, bound: float = math.inf) -> dict:
-    """The fastest of REPS timings (after one warm-up) of one cached forward of 1, 2 and `block` tokens (1 only
+def _measure(variants: dict, block: int, bound: float = math.inf, reps: int = REPS) -> dict:
+    """The fastest of `reps` timings (after one warm-up) of one cached forward of 1, 2 and `block` tokens (1 only
     without a draft) for each of `variants` (name → a function that puts that variant in place and returns its
     (target, cache)), with its score (`score_ms`), by variant name. Interleaved, so a slow moment of a shared machine
     hits every variant alike; the minimum, because such moments only add time.
@@ -76,7 +77,7 @@ def _measure(variants: dict, block: int, bound: float = math.inf) -> dict:
     gen = torch.Generator().manual_seed(block)
     times: dict = {(v, n): [] for v in variants for n in sizes}
     live, lead, first_score = dict(variants), bound, {}
-    for rep in range(REPS + 1):
+    for rep in range(reps + 1):
         for i, (name, put) in enumerate(live.items()):
             if rep == 0 and i:  # rep 0 warms up thread pools and allocator once, with its cheapest forward; a
                 continue  # variant's first timing may still carry its own first-call costs, which the minimum discards
@@ -148,11 +149,28 @@ def _rows(timed: dict, dtypes: list[str], threads: int) -> list[dict]:
     return rows
 
 
+def _thread_rows(rows: list[dict], lead: dict, prepared: tuple, block: int, threads: list[int]) -> list[dict]:
+    """`rows` with the leader timed again at every thread count in `threads` (most first), the counts interleaved
+    (THREAD_REPS reps): its row at the most threads takes the new timing and the fewer-thread rows follow. Timed
+    one after the other instead, the counts met different moments of the machine and a near tie went either way
+    (measured on an AVX512_BF16 EPYC: the first probe after loading timed bfloat16's step at 2 threads 38 ms and at
+    1 thread 32 ms, while generation ran 1.35x faster at 2)."""
+    def at(n):
+        torch.set_num_threads(n)
+        return prepared
+
+    timed = _measure({n: partial(at, n) for n in threads}, block, reps=THREAD_REPS)
+    keep = {k: v for k, v in lead.items() if k == "other_layout_score_ms"}
+    again = [{"dtype": lead["dtype"], "threads": n, "layout": lead["layout"], **timed[n], **(keep if n == threads[0] else {})}
+             for n in threads]
+    return [again[0] if r is lead else r for r in rows] + again[1:]
+
+
 def probe(model: nn.Module, block: int, dtypes: list[str], threads: list[int]) -> dict:
     """Time the candidates on `model` and return the fastest (`HostSettings` fields); a few seconds on a 135M model.
 
-    Every dtype in both weight layouts at the most threads, interleaved; then fewer threads for the leader only
-    (what keeps a first start short). float32 runs on `model` itself, left in its faster layout; other dtypes on
+    Every dtype in both weight layouts at the most threads, interleaved; then the leader at every thread count,
+    interleaved (fewer threads for the leader only: what keeps a first start short). float32 runs on `model` itself, left in its faster layout; other dtypes on
     copies taken before any layout switch."""
     from dflash.packed import LayoutSwitch
 
@@ -173,10 +191,8 @@ def probe(model: nn.Module, block: int, dtypes: list[str], threads: list[int]) -
         lead = min(rows, key=lambda r: r["score_ms"])
         for d in dtypes:  # each copy keeps its faster layout (float32's is `model`'s); the other's weights go
             switches[d].set(next(r["layout"] for r in rows if r["dtype"] == d))
-        for n in sorted(set(threads) - {most}, reverse=True):
-            torch.set_num_threads(n)
-            again = _measure({"": lambda: prepared[lead["dtype"]]}, block, bound=lead["score_ms"])[""]
-            rows.append({"dtype": lead["dtype"], "threads": n, "layout": lead["layout"], **again})
+        if len(threads) > 1:
+            rows = _thread_rows(rows, lead, prepared[lead["dtype"]], block, sorted(threads, reverse=True))
         best = min(rows, key=lambda r: r["score_ms"])
         matmul = {}
         if best["dtype"] != "float32":

@@ -3,7 +3,9 @@ caller fixes."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -179,3 +181,25 @@ def test_a_choice_cached_on_a_busy_machine_is_measured_again_once_it_is_quiet(tm
     assert (again.source == "probe" and again.probe_s > 0) if probed_again else again.probe_s == -1.0
     if probed_again:
         assert json.loads(path.read_text())[key]["load_per_core"] == now  # the quiet measurement replaced it
+
+
+def test_the_leaders_thread_counts_are_timed_against_each_other(monkeypatch):
+    """Fewer threads are timed interleaved with the most, rep by rep, not after them: timed apart, a near tie went
+    to whichever count met the quieter moment (on an AVX512_BF16 EPYC the probe chose 1 thread, 1.35x slower)."""
+    model = tiny_target("llama", seed=0).model
+    seen, real = [], probe.forward_ms
+    monkeypatch.setattr(probe, "forward_ms", lambda *a: seen.append(torch.get_num_threads()) or real(*a))
+    monkeypatch.setattr(probe, "SLOW", math.inf)  # no count dropped mid-timing: every rep times both
+    before = torch.get_num_threads()
+    lead = {"dtype": "float32", "threads": 2, "layout": "linear", "step_ms": 1.0, "verify2_ms": 1.0, "verify_ms": 1.0,
+            "score_ms": 0.5, "other_layout_score_ms": 0.9}
+    other = {**lead, "dtype": "bfloat16", "score_ms": 0.7}
+    try:
+        rows = probe._thread_rows([lead, other], lead, probe._prepared(model, ["float32"])["float32"], 4, [2, 1])
+    finally:
+        torch.set_num_threads(before)
+    per_rep = [count for count, _ in itertools.groupby(seen[1:])]  # after the one warm-up forward
+    assert per_rep == [2, 1] * probe.THREAD_REPS and len(seen) == 1 + 3 * 2 * probe.THREAD_REPS
+    assert [(r["dtype"], r["threads"]) for r in rows] == [("float32", 2), ("bfloat16", 2), ("float32", 1)]
+    assert rows[1] is other and rows[0]["other_layout_score_ms"] == 0.9 and "other_layout_score_ms" not in rows[2]
+    assert rows[0]["score_ms"] != 0.5 and all(r["step_ms"] > 0 for r in (rows[0], rows[2]))
