@@ -154,8 +154,8 @@ def read_cached(path: Path, key: str) -> HostSettings | None:
     try:
         entry = json.loads(path.read_text()).get(key)
         found = HostSettings(**{**entry, "source": "cache"}) if isinstance(entry, dict) else None
-    except (OSError, ValueError, TypeError):
-        return None  # missing, unreadable or from another version: probe again
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None  # missing, unreadable, not a table or from another version: probe again
     now = load_per_core()
     if found and found.load_per_core is not None and found.load_per_core >= BUSY_LOAD and now is not None \
             and now < QUIET_LOAD:
@@ -165,15 +165,22 @@ def read_cached(path: Path, key: str) -> HostSettings | None:
     return found
 
 
+CACHE_ENTRIES = 32  # choices kept per file, the newest: one per model and block size in use on this machine
+
+
 def write_cached(path: Path, key: str, settings: HostSettings) -> None:
-    """Best effort (a read-only home must not stop a start): merge into the file, replace it atomically."""
+    """Best effort (a read-only home must not stop a start): merge into the file, replace it atomically. Entries of
+    another machine key (an older probe version or torch, a resized VM) can never be read again and are dropped, and
+    only the CACHE_ENTRIES newest are kept, so the file does not grow with every model directory ever probed."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             table = json.loads(path.read_text())
         except (OSError, ValueError):
             table = {}
-        table[key] = asdict(settings)
+        kept = [(k, v) for k, v in (table.items() if isinstance(table, dict) else ())
+                if k != key and isinstance(v, dict) and v.get("machine") == settings.machine]
+        table = dict(kept[-(CACHE_ENTRIES - 1):]) | {key: asdict(settings)}
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(table, indent=1))
         tmp.replace(path)

@@ -23,10 +23,14 @@ from dflash.packed import LAYOUTS
 PROBE_VERSION = 8  # 2: fewer threads for the leading dtype only; 3: layouts interleaved, fastest rep; 4: 64-token context;
 # 5: scored by expected ms per token (pair or block verify), slow candidates dropped after one timing; 6: dtypes
 # interleaved too, a context cast from float32's, fewer threads dropped like the rest, float32 matmuls for prefills;
-# 7: warm-ups of one token, the low-precision copy cast while copying; 8: the leader's thread counts interleaved
+# 7: warm-ups of one token, the low-precision copy cast while copying; 8: the leader's thread counts interleaved, a warm-up
 CONTEXT = 64  # tokens in the KV cache while timing (a longer one costs its prefill in every dtype, bfloat16's slow)
 REPS = 2  # timed forwards per shape and candidate (the fastest is kept), after one warm-up
 THREAD_REPS = 3  # the same for the leader's thread counts, timed against each other (see `_thread_rows`)
+WARM_S = 1.0  # seconds of one-token forwards before any timing: right after a load, a step ran 1.7-2x slower than a
+# second later and sped up over ~1 s (bfloat16, 2 threads, AVX512_BF16 EPYC: 48 ms falling to 24 ms over 25 steps),
+# so whichever candidate a probe timed first looked slower
+WARM_FORWARDS = 40  # ... or this many forwards, whichever comes first (a tiny model's are ~1 ms each)
 FLOAT32_ROWS = 16  # prefills this long or longer may run their matmuls in float32 (see `matmul_ms`); shorter
 # forwards (verifies of a block) stay in the dtype: measured on an AVX2-only CPU, a whole 8-token bfloat16 forward costs
 # 162 ms natively and 193 ms with float32 matmuls (casting every weight outweighs 8 rows), 16 tokens 336 vs 285 ms
@@ -138,6 +142,17 @@ def _cast_cache(target, cache):
     return cast
 
 
+def _warm_up(prepared: dict, seconds: float, forwards: int = WARM_FORWARDS) -> int:
+    """One-token forwards, the dtypes in turn, until `seconds` have passed or `forwards` were run (see WARM_S);
+    returns how many ran."""
+    gen, end, done = torch.Generator().manual_seed(0), time.perf_counter() + seconds, 0
+    while time.perf_counter() < end and done < forwards:
+        for target, cache in prepared.values():
+            forward_ms(target, cache, 1, gen)
+            done += 1
+    return done
+
+
 def _rows(timed: dict, dtypes: list[str], threads: int) -> list[dict]:
     """One candidate row per dtype from the (dtype, layout) timings: the faster layout, the other's score beside it
     (a layout timed in full before one dropped early, whose score is only a lower bound)."""
@@ -169,9 +184,9 @@ def _thread_rows(rows: list[dict], lead: dict, prepared: tuple, block: int, thre
 def probe(model: nn.Module, block: int, dtypes: list[str], threads: list[int]) -> dict:
     """Time the candidates on `model` and return the fastest (`HostSettings` fields); a few seconds on a 135M model.
 
-    Every dtype in both weight layouts at the most threads, interleaved; then the leader at every thread count,
-    interleaved (fewer threads for the leader only: what keeps a first start short). float32 runs on `model` itself, left in its faster layout; other dtypes on
-    copies taken before any layout switch."""
+    After a warm-up (WARM_S), every dtype in both weight layouts at the most threads, interleaved; then the leader at
+    every thread count, interleaved (fewer threads for the leader only: what keeps a first start short). float32 runs
+    on `model` itself, left in its faster layout; other dtypes on copies taken before any layout switch."""
     from dflash.packed import LayoutSwitch
 
     t0 = time.perf_counter()
@@ -180,6 +195,7 @@ def probe(model: nn.Module, block: int, dtypes: list[str], threads: list[int]) -
     try:
         torch.set_num_threads(most)
         prepared = _prepared(model, dtypes)
+        _warm_up(prepared, WARM_S)
         switches = {d: LayoutSwitch(t.model.model.layers) for d, (t, _) in prepared.items()}
 
         def put(dtype, layout):

