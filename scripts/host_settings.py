@@ -271,7 +271,11 @@ def table() -> None:
         "block: the better of a 2-token verify and a verify of the draft's block, each divided by the tokens it "
         "commits at the block policy's prior acceptance (0.5 per position; before probe version 5: the one-token "
         "step plus the block's verify). So it can choose a setting that is not the fastest for `ar` alone; an engine "
-        "without a draft is probed on the step only (the \"default, no draft\" row). This VM's speed also varied by "
+        "without a draft is probed on the step only (the \"default, no draft\" row). From probe version 8 on, it "
+        "first warms up (1 s of one-token forwards: right after a load, a step ran up to 2× slower for about a "
+        "second, so the candidates timed first lost) and times the leader's thread counts against each other, "
+        "interleaved (timed one after the other, a near tie went to whichever met a quieter moment: version 7 chose "
+        "1 thread on the AVX512_BF16 EPYC, where generation ran faster with 2). This VM's speed also varied by "
         "hour (a shared host): compare ratios within one run, not absolute times across runs.",
         END,
     ])

@@ -417,6 +417,12 @@ def test_replay_bundled_and_uploaded_traces(app, tmp_path):
     assert "the request starts" in first["replay_label"] and "No tokens yet at this point of the run" in first["tokens"]
     nxt = named(app.client.predict(0, 0, True, api_name="/step_next"))
     assert nxt["replay"] == 1
+    # A frame or block typed past the end shows the last one and the slider follows (Gradio's own range check
+    # refused it before: "Value 1000000 is greater than maximum value …", naming no control).
+    far = named(app.client.predict(10**6, 10**6, True, api_name="/show_frame"))
+    assert far["replay"] == last and far["replay_label"].startswith(f"Frame {last + 1}/{last + 1}: finished")
+    assert named(app.client.predict(10**6, 0, True, api_name="/step_prev"))["replay"] == last - 1
+    assert unchanged(named(app.client.predict(1, 0, True, api_name="/show_frame"))["replay"])  # in range: left alone
     up = named(app.client.predict(handle_file(str(bundled_traces()[label])), True, api_name="/upload_trace"))
     assert "Loaded upload trace" in up["status"]
     bad = tmp_path / "bad.json"

@@ -326,14 +326,15 @@ class Playground:
         if not state:
             return {"replay_label": "Nothing to replay yet: generate a run or load a trace."}
         replay: Replay = state["replay"]
-        frame = _frame_index(frame, replay)
+        asked, frame = frame, _frame_index(frame, replay)
         with replay.lock:
             shown = replay.seek(frame)
             done = shown.finished is not None
             out = view(shown, show_rejected, _block(block), replay.baseline_state() if done else None,
                        state.get("compare") if done else None, state.get("hardware", ""), charts=charts)
             label = replay.label(frame)
-        return {**out, "replay_label": label}
+        moved = {} if _whole(asked) == frame else {"replay": frame}  # a frame typed past the end: the slider follows
+        return {**out, "replay_label": label, **moved}
 
     def step(self, state: dict | None, frame: Any, delta: int, block: Any, show_rejected: bool) -> dict[str, Any]:
         if not state:

@@ -146,7 +146,10 @@ def _wire_replay(pg: Playground, ui: dict[str, Any], outputs: list) -> None:
     replay_inputs = [ui["trace"], ui["replay"], ui["inspect_block"], show]
     # A refused file or frame shows its message as a toast and one "Error" badge on the replay label: Gradio badges
     # every output of a failed event otherwise, covering the charts and the stream that are still valid.
-    quiet = {"show_progress": "hidden", "show_progress_on": [ui["replay_label"]]}
+    # Raw slider values (preprocess=False) for every event that reads them: the handlers clamp a frame or block typed
+    # past the end (`_frame_index`, `_block`), where Gradio's own check refused it with "Value 500 is greater than
+    # maximum value 120" naming no control.
+    quiet = {"show_progress": "hidden", "show_progress_on": [ui["replay_label"]], "preprocess": False}
     loud = {"show_progress_on": [ui["replay_label"]]}
 
     def on_play(trace_v, frame_v, block_v, show_v, request: gr.Request):
