@@ -77,6 +77,18 @@ def test_generate_receives_each_control_under_its_name(demo):
         call(demo, "generate", [d[k] for k in CONTROL_KEYS] + [[]])
 
 
+def test_a_threshold_typed_below_the_slider_is_labelled_lossy(demo):
+    """Gradio's own range check refused 0 before the label changed: the box said 0, the label "exact (lossless)"."""
+    from gradio.state_holder import SessionState
+
+    acc = next(c for c in demo.blocks.values() if getattr(c, "elem_id", None) == "acceptance")
+    block_fn = next(f for f in demo.fns.values() if f.inputs == [acc] and f.outputs == [acc])
+    for typed, label in ((0, "LOSSY"), (-0.5, "LOSSY"), (1.0, "exact (lossless)")):
+        out = asyncio.run(demo.process_api(block_fn=block_fn, inputs=[typed], state=SessionState(demo),
+                                           request=gr.Request(session_hash="wiring-test")))
+        assert label in out["data"][0]["label"], typed
+
+
 def test_pack_skips_the_outputs_a_handler_leaves_out():
     packed = pack({"status": "s", "replay": 3})
     assert len(packed) == len(OUT_KEYS)

@@ -131,8 +131,10 @@ def _wire_settings(provider: EngineProvider, ui: dict[str, Any], initial: dict[s
     ui["reset"].click(lambda: tuple(initial[k] for k in CONTROL_KEYS), None, [ui[k] for k in CONTROL_KEYS],
                       api_name="reset", queue=False)
     acceptance, preset = ui["acceptance"], ui["preset"]
+    # Raw values: a threshold typed below the slider's range (0, -0.5) failed Gradio's range check before the label
+    # changed, leaving "exact (lossless)" beside a value whose run is lossy.
     acceptance.change(lambda v: gr.update(label=acceptance_label(v)), acceptance, acceptance, queue=False,
-                      api_visibility="private", show_progress="hidden")
+                      api_visibility="private", show_progress="hidden", preprocess=False)
     preset.change(lambda p: provider.notice(p) if provider.loaded(p) is not None else
                   f"Preset **{p}** loads on the first Generate (it needs a GPU and hub access).",
                   preset, ui["notice"], queue=False, api_visibility="private")
