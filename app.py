@@ -1,5 +1,5 @@
-"""DFlash playground: `python app.py` serves it on http://127.0.0.1:7860 (GRADIO_SERVER_PORT to change the port).
-The same file runs on Hugging Face Spaces (which sets GRADIO_SERVER_NAME=0.0.0.0); an installed package has the
+"""DFlash playground: `python app.py` serves it on http://127.0.0.1:7860 (`--port N` or GRADIO_SERVER_PORT to change
+the port). The same file runs on Hugging Face Spaces (which sets GRADIO_SERVER_NAME=0.0.0.0); an installed package has the
 same entry point as the `dflash-playground` command (ui/serve.py).
 """
 

@@ -176,7 +176,9 @@ def _thread_rows(rows: list[dict], lead: dict, prepared: tuple, block: int, thre
 
     timed = _measure({n: partial(at, n) for n in threads}, block, reps=THREAD_REPS)
     again = [{"dtype": lead["dtype"], "threads": n, "layout": lead["layout"], **timed[n]} for n in threads]
-    again[0]["other_layout_score_ms"] = lead["other_layout_score_ms"]  # its layouts were compared at the most threads
+    # Its layouts were compared at the most threads, and its score there made it the leader (kept: the new timing
+    # may well put another dtype ahead, which is then the choice).
+    again[0].update(other_layout_score_ms=lead["other_layout_score_ms"], lead_score_ms=lead["score_ms"])
     return [again[0] if r is lead else r for r in rows] + again[1:]
 
 

@@ -129,11 +129,11 @@ def raw_call(app, api_name: str, body: str) -> str:
 
 
 @pytest.mark.parametrize("name, value, message", [
-    ("temperature", "NaN", "temperature: must be a finite number, got nan"),
-    ("top_p", "Infinity", "top_p: must be a finite number, got inf"),
-    ("block_size", "NaN", "block_size: must be an integer in [1, 64], got nan"),
-    ("confidence", "-Infinity", "confidence_threshold: must be a finite number"),
-    ("prompt", '"bad \\ud800 text"', "prompt: contains text that is not valid Unicode"),  # a lone surrogate in JSON
+    ("temperature", "NaN", "Temperature: must be a finite number, got nan"),
+    ("top_p", "Infinity", "Top-p: must be a finite number, got inf"),
+    ("block_size", "NaN", "Block size: must be an integer in [1, 64], got nan"),
+    ("confidence", "-Infinity", "Confidence threshold: must be a finite number"),
+    ("prompt", '"bad \\ud800 text"', "Prompt: contains text that is not valid Unicode"),  # a lone surrogate in JSON
 ])
 def test_values_a_client_library_cannot_send_are_refused_by_name(app, name, value, message):
     data = [json.dumps(v) for v in args()] + ["[]"]  # + the history State
@@ -142,18 +142,20 @@ def test_values_a_client_library_cannot_send_are_refused_by_name(app, name, valu
 
 
 @pytest.mark.parametrize("over, message", [
-    ({"block_size": 999}, "block_size: must be in [1, 64], got 999"),
-    ({"block_size": 12}, "block_size: must be in [2, 8]"),
-    ({"prompt": "x" * 40_000}, "prompt: is 40000 characters; the limit is 32000"),
-    ({"prompt": "   "}, "prompt: must be a non-empty string"),
-    ({"max_new_tokens": 100_000}, "max_new_tokens: must be in [1, 512] in the playground"),
-    ({"acceptance": 0.0}, "acceptance_threshold: must be in (0.0, 1.0]"),
-    ({"steps": 2.5}, "diffusion_steps: must be an integer"),
-    ({"seed": -1}, "seed: must be in [0,"),
-    ({"adaptive": "yolo"}, "adaptive: must be one of auto, fixed, slow-start, cost"),
-    ({"lookup": 9}, "lookup_ngram: must be in [0, 8], got 9"),
-    ({"preset": "../../etc/passwd"}, "preset: unknown preset"),
-    ({"temperature": 10**400}, "temperature: must be in [0.0, 2.0], got a number too large to represent"),
+    ({"block_size": 999}, "Block size: must be in [1, 64], got 999"),
+    ({"block_size": 12}, "Block size: must be in [2, 8]"),
+    ({"prompt": "x" * 40_000}, "Prompt: is 40000 characters; the limit is 32000"),
+    ({"prompt": "   "}, "Prompt: must be a non-empty string"),
+    ({"max_new_tokens": 100_000}, "Max new tokens: must be an integer in [1, 512] in the playground"),
+    ({"max_new_tokens": 2.5}, "Max new tokens: must be an integer in [1, 512] in the playground, got 2.5"),
+    ({"min_block": 6, "max_block": 4, "block_size": 5}, "Max block size: must be >= Min block size (6), got 4"),
+    ({"acceptance": 0.0}, "Acceptance threshold: must be in (0.0, 1.0]"),
+    ({"steps": 2.5}, "Denoising steps: must be an integer"),
+    ({"seed": -1}, "Seed: must be in [0,"),
+    ({"adaptive": "yolo"}, "Policy: must be one of auto, fixed, slow-start, cost"),
+    ({"lookup": 9}, "Copy from context: must be in [0, 8], got 9"),
+    ({"preset": "../../etc/passwd"}, "Model preset: unknown preset"),
+    ({"temperature": 10**400}, "Temperature: must be in [0.0, 2.0], got a number too large to represent"),
 ])
 def test_bad_parameters_come_back_as_clear_errors(app, over, message):
     with pytest.raises(AppError) as info:
@@ -248,7 +250,7 @@ def test_a_request_cancelled_in_the_queue_is_not_stopped_in_place_of_the_next(pa
 
 def test_a_refused_request_leaves_nothing_for_stop(app):
     """A request is counted for Stop when it enters the queue; one refused for a bad value is not left over."""
-    with pytest.raises(AppError, match="block_size"):
+    with pytest.raises(AppError, match="Block size"):
         app.client.predict(*args(block_size=999), api_name="/generate")
     assert app.demo.playground.stop(app.client.session_hash) == "Nothing is running."
     assert "Finished (length)" in named(app.client.predict(*args(max_new_tokens=4), api_name="/generate"))["status"]
@@ -371,6 +373,12 @@ def test_compare_keeps_a_stopped_run_as_the_user_left_it():
     row = history_table(compared["history"])[-1]
     assert (row[column["finish"]], row[column["max new"]], row[column["identical"]]) == ("cancelled", 300, "✓")
     assert render.finished(compared["trace"]["replay"].trace.events).reason == "cancelled"
+    # The statistics keep the stopped run's own (live) rate; the comparison beside them shows the timed run's, from
+    # which the speedup is computed, so the three numbers shown together agree.
+    comp = compared["trace"]["compare"]
+    timed = f'<div class="k">run tokens / s (timed)</div><div class="v">{comp["run_tokens_per_s"]:.1f}</div>'
+    assert timed in compared["stats"]
+    assert comp["speedup"] == pytest.approx(comp["run_tokens_per_s"] / comp["baseline_tokens_per_s"])
 
 
 def test_every_forward_of_a_request_runs_on_the_torch_thread(app):
@@ -421,6 +429,9 @@ def test_replay_bundled_and_uploaded_traces(app, tmp_path):
     # refused it before: "Value 1000000 is greater than maximum value …", naming no control).
     far = named(app.client.predict(10**6, 10**6, True, api_name="/show_frame"))
     assert far["replay"] == last and far["replay_label"].startswith(f"Frame {last + 1}/{last + 1}: finished")
+    n_blocks = max(e.block for e in original.events if isinstance(e, Commit))
+    assert far["inspect_block"] == n_blocks and f"Block {n_blocks}" in far["inspector"]  # the block box follows too
+    assert named(app.client.predict(last, -3, True, api_name="/show_frame"))["inspect_block"] == 0  # 0 = the latest
     assert named(app.client.predict(10**6, 0, True, api_name="/step_prev"))["replay"] == last - 1
     assert unchanged(named(app.client.predict(1, 0, True, api_name="/show_frame"))["replay"])  # in range: left alone
     up = named(app.client.predict(handle_file(str(bundled_traces()[label])), True, api_name="/upload_trace"))
@@ -604,3 +615,15 @@ def test_short_generation_on_the_default_target_with_a_random_draft_is_lossless(
         assert "default block-size policy" in notice and f"{default['speedup']:.2f}×" in notice
     else:
         assert loaded.drafter is None and notice == NO_DRAFT_NOTICE
+
+
+def test_a_compare_stopped_during_the_baseline_says_so_in_words():
+    pg = Playground(EngineProvider({"default": paced_text_engine(block_size=8, delay_s=0.02)}))
+    *_, done = pg.generate(dict(zip(CONTROL_KEYS, args(max_new_tokens=40))), [], "s")
+    statuses = []
+    for out in pg.compare(done["trace"], done["history"], False, "s"):
+        statuses.append(out.get("status", ""))
+        if "Running the autoregressive baseline" in statuses[-1]:
+            pg.stop("s")
+    assert statuses[-1] == "**Baseline stopped by the user:** nothing compared.", statuses[-3:]
+    assert not pg.engines.get("default")._lock.locked()

@@ -50,7 +50,8 @@ def test_launch_settings(monkeypatch):
 
 def test_app_py_never_shares():
     app, serve = (REPO / "app.py").read_text(), (REPO / "ui" / "serve.py").read_text()
-    assert "share=True" not in app + serve and "from ui.serve import main" in app and "launch_kwargs()" in serve
+    assert "share=True" not in app + serve and "from ui.serve import main" in app
+    assert ".launch(**launch_kwargs(server_port=args.port))" in serve
 
 
 @pytest.mark.parametrize("path", ["/etc/passwd", str(REPO / "app.py"), str(REPO / "assets" / "playground.css"),

@@ -118,7 +118,7 @@ def playground(provider: EngineProvider, tmp_path, **settings) -> Playground:
 @pytest.mark.parametrize("over, message", [
     ({"temperature": 5.0}, "temperature: must be in [0.0, 2.0]"),
     ({"prompt": "  "}, "prompt: must be a non-empty string"),
-    ({"max_new_tokens": 0}, "max_new_tokens: must be in [1, 512] in the playground"),
+    ({"max_new_tokens": 0}, "max_new_tokens: must be an integer in [1, 512] in the playground"),
     ({"block_size": 0}, "block_size: must be in [1, 64]"),
     ({"adaptive": "yolo"}, "adaptive: must be one of"),
     ({"top_p": float("nan")}, "top_p: must be a finite number"),
@@ -300,8 +300,8 @@ def test_over_http_a_visitor_cannot_load_a_model_with_a_bad_request_or_an_unoffe
     _, url, _ = demo.launch(**launch_kwargs(server_port=None, prevent_thread_lock=True, quiet=True))
     client = Client(url, verbose=False, download_files=str(tmp_path))
     try:
-        for over, message in (({"preset": "qwen3-4b", "temperature": 5.0}, "temperature: must be in [0.0, 2.0]"),
-                              ({"preset": "qwen3-8b"}, "preset: 'qwen3-8b' is not offered on this server")):
+        for over, message in (({"preset": "qwen3-4b", "temperature": 5.0}, "Temperature: must be in [0.0, 2.0]"),
+                              ({"preset": "qwen3-8b"}, "Model preset: 'qwen3-8b' is not offered on this server")):
             with pytest.raises(AppError) as info:
                 client.predict(*args(**over), api_name="/generate")
             assert message in str(info.value)

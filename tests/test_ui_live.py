@@ -51,7 +51,8 @@ def test_status_lines_follow_the_run(runs):
     first = next(i for i, e in enumerate(events) if isinstance(e, ev.Commit))
     part = events[: first + 1]
     n_verify = sum(isinstance(e, ev.Verify) for e in part)
-    assert live_status(part, "Recording") == f"Recording: {part[-1].n_out} tokens, {n_verify} verify steps…"
+    counts = f"{render.count(part[-1].n_out, 'token')}, {render.count(n_verify, 'verify step')}"
+    assert live_status(part, "Recording") == f"Recording: {counts}…"
     s = render.run_stats(events)
     line = final_status(events)
     assert line.startswith(f"**{render.finish_words(render.finished(events))}** {s['n_output_tokens']} tokens in ")
@@ -126,3 +127,20 @@ def test_frames_are_timed_from_building_until_the_consumer_asks_again(runs):
     assert len(starts) >= 2
     assert all(b - a >= 0.6 - 1e-9 for a, b in zip(starts, starts[1:]))
     assert min(b - a for a, b in zip(starts, starts[1:])) < 0.6 + 0.05 * 8  # drawn again once due, not later
+
+
+def test_a_one_token_run_shows_no_undefined_rate():
+    """One token comes from the prompt's own forward: no verify step (τ undefined) and no token after the first (no
+    decode speed). The status line and the statistics say "1 token" and show neither rate as 0."""
+    from dflash.request import Request
+    from tests.ui_support import PROMPT, tiny_text_engine
+    from ui.render_stats import stats_html
+
+    events = list(tiny_text_engine().stream(Request(prompt=PROMPT, max_new_tokens=1)))
+    line = final_status(events)
+    assert "** 1 token in " in line and "τ" not in line and "tok/s" not in line, line
+    html = stats_html(events)
+    # τ, tokens / s and draft / verify time: none of them shown as 0
+    assert '<div class="v">0.0' not in html and html.count('<div class="v">–</div>') == 3, html
+    two = list(tiny_text_engine().stream(Request(prompt=PROMPT, max_new_tokens=2)))
+    assert "** 2 tokens in " in final_status(two) and "τ " in final_status(two) and "tok/s" in final_status(two)

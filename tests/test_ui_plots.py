@@ -181,3 +181,11 @@ def test_a_run_without_copies_keeps_one_series_per_view(runs):
     assert len(plots.block_length_figure(runs["mixed"]).data) == 2
     assert len(plots.acceptance_histogram_figure(runs["mixed"]).data) == 1
     assert len(plots.per_position_figure(runs["mixed"]).data) == 2
+
+
+def test_the_empty_block_length_chart_draws_no_max_line():
+    """Before any run there is no max block size to mark (the chart said "max 1")."""
+    fig = plots.block_length_figure([])
+    assert not fig.layout.shapes and not [a for a in fig.layout.annotations if a.text.startswith("max")]
+    run = plots.block_length_figure(recorded_runs()["mixed"])
+    assert [a.text for a in run.layout.annotations if a.text.startswith("max")] == ["max 8"]

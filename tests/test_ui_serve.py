@@ -70,18 +70,21 @@ def test_a_wrong_draft_directory_is_named_at_once(tmp_path, make, says):
 
 
 @pytest.mark.parametrize("argv,says", [
-    (["--port", "8000"], "unrecognized arguments: --port 8000"),
+    (["--listen", "8000"], "unrecognized arguments: --listen 8000"),
     (["--draft"], "--draft: expected one argument"),
+    (["--port", "http"], "--port: must be a port number in [1, 65535], got 'http'"),
+    (["--port", "70000"], "--port: must be a port number in [1, 65535], got '70000'"),
+    ([], "GRADIO_SERVER_PORT: must be a port number in [1, 65535], got 'seventy'"),
 ])
 def test_a_command_line_error_is_one_line(argv, says):
-    proc = serve(*argv)
+    proc = serve(*argv, env={**ENV, "GRADIO_SERVER_PORT": "seventy"} if not argv else None)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         f"dflash-playground: error: {says} (usage: python app.py --help)"], proc.stderr
 
 
 def test_help_lists_the_option_and_the_environment():
     proc = serve("--help")
-    assert proc.returncode == 0 and "--draft DIR" in proc.stdout
+    assert proc.returncode == 0 and "--draft DIR" in proc.stdout and "--port PORT" in proc.stdout
     assert all(name in proc.stdout for name in ("DFLASH_THREADS", "DFLASH_PRESETS", "DFLASH_DTYPE", "DFLASH_PROBE", "DFLASH_DRAFT"))
 
 
@@ -112,9 +115,9 @@ def test_the_playground_serves_the_operators_draft(tmp_path):
 
     draft = copy_of_the_shipped_draft(tmp_path / "my <i>draft", block_size=4)
     port = free_port()
-    env = {**ENV, "GRADIO_SERVER_PORT": str(port), "DFLASH_PROBE": "0"}
-    proc = subprocess.Popen([sys.executable, "app.py", "--draft", str(draft)], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    env = {**ENV, "GRADIO_SERVER_PORT": "1", "DFLASH_PROBE": "0"}  # --port wins over the variable
+    proc = subprocess.Popen([sys.executable, "app.py", "--draft", str(draft), "--port", str(port)], cwd=ROOT, env=env,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         lines = []
         deadline = time.monotonic() + 300

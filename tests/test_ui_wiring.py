@@ -73,7 +73,7 @@ def test_generate_receives_each_control_under_its_name(demo):
     final = dict(zip(OUT_KEYS, call(demo, "generate", [d[k] for k in CONTROL_KEYS] + [[]])[-1]))
     assert "6 tokens" in final["status"] and 'data-n-out="6"' in final["stats"]
     d.update(block_size=999)
-    with pytest.raises(gr.Error, match=r"block_size: must be in \[1, 64\], got 999"):
+    with pytest.raises(gr.Error, match=r"Block size: must be in \[1, 64\], got 999"):
         call(demo, "generate", [d[k] for k in CONTROL_KEYS] + [[]])
 
 
@@ -106,3 +106,28 @@ def test_acceptance_label_warns_below_one_and_tolerates_junk():
 def test_block_updates_follow_the_presets_draft():
     assert [u["value"] for u in block_updates(16)] == [16, 16]
     assert block_updates(None) == (gr.skip(), gr.skip())
+
+
+@pytest.mark.parametrize("moved, typed, expected", [
+    ("block-size", 16, (16, 2, 16)),  # past the max: the max follows
+    ("block-size", 1, (1, 1, 8)),  # below the min: the min follows
+    ("block-size", 5, (5, 2, 8)),  # inside: nothing else moves
+    ("max-block", 4, (4, 2, 4)),  # below the block size: it follows
+    ("min-block", 12, (12, 12, 12)),  # above both: both follow
+    ("block-size", "NaN", (8, 2, 8)),  # not a size: left for the request to name
+])
+def test_the_block_size_and_its_range_move_together(demo, moved, typed, expected):
+    """The defaults tie the max block size to the draft's, so moving the block size past it was refused at Generate
+    ("block_size: must be in [2, 8]"); the user's move now takes the other two along."""
+    from gradio.state_holder import SessionState
+
+    ids = ("block-size", "min-block", "max-block")
+    comps = [next(c for c in demo.blocks.values() if getattr(c, "elem_id", None) == i) for i in ids]
+    block_fn = next(f for f in demo.fns.values() if f.inputs == comps and f.outputs == comps
+                    and f.targets[0][0] == comps[ids.index(moved)]._id)
+    start = {"block-size": 8, "min-block": 2, "max-block": 8}
+    values = [typed if i == moved else start[i] for i in ids]
+    out = asyncio.run(demo.process_api(block_fn=block_fn, inputs=values, state=SessionState(demo),
+                                       request=gr.Request(session_hash="wiring-test")))["data"]
+    got = tuple(v if not isinstance(v, dict) else (v.get("value") if "value" in v else values[k]) for k, v in enumerate(out))
+    assert got == tuple(typed if isinstance(typed, str) and i == moved else e for i, e in zip(ids, expected))

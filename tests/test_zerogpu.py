@@ -198,7 +198,7 @@ def test_a_preset_loaded_after_the_worker_started_runs_in_it(zerogpu_app):
 
 
 @pytest.mark.parametrize("over, message", [
-    ({"block_size": 12}, "block_size: must be in [2, 8]"),  # against the draft: checked by the engine
+    ({"block_size": 12}, "Block size: must be in [2, 8]"),  # against the draft: checked by the engine
     ({"max_new_tokens": 500}, "exceeds the context budget 512"),
 ])
 def test_bad_values_are_refused_by_name_before_the_gpu_is_asked_for(zerogpu_app, over, message):

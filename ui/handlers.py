@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import math
 import tempfile
 import threading
 import time
@@ -28,6 +27,7 @@ from dflash.errors import DFlashError, ValidationError
 from dflash.request import Request
 from dflash.zerogpu import zero_gpu
 from ui import gpu, plots, render, torch_thread
+from ui.controls import FIELDS, WHOLE, whole
 from ui.engines import EngineProvider, wait_until_free
 from ui.exports import history_row, history_table, next_run_id, with_comparison, with_row, write_exports
 from ui.live import FrameThrottle, RunLook, dtype_of, final_status, hardware, live_status
@@ -43,6 +43,7 @@ VIEW_KEYS = ("legend", "tokens", "inspector", "block_length", "histogram", "posi
 
 CONTROL_KEYS = ("prompt", "preset", "block_size", "steps", "confidence", "acceptance", "lookup", "adaptive",
                 "min_block", "max_block", "temperature", "top_p", "max_new_tokens", "seed", "show_rejected", "step_mode")
+
 
 
 # Status of a Generate or Compare that Stop reached while it waited in the queue (the Stop button shows it too).
@@ -76,13 +77,6 @@ def defaults(block_size: int = 16) -> dict[str, Any]:
     return {"prompt": "", "preset": "default", "block_size": block_size, "steps": 1, "confidence": 0.9, "acceptance": 1.0,
             "lookup": 0, "adaptive": "auto", "min_block": 2, "max_block": block_size, "temperature": 0.0, "top_p": 1.0,
             "max_new_tokens": 64, "seed": 0, "show_rejected": False, "step_mode": False}
-
-
-def _whole(value: Any) -> Any:
-    """Sliders send floats: 16.0 → 16. Anything else goes to Request unchanged, which names the parameter."""
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return int(value)
-    return value
 
 
 def trace_from_state(state: dict | None) -> Trace | None:
@@ -139,20 +133,13 @@ class Playground:
     def make_request(self, values: dict[str, Any]) -> Request:
         """UI values → a validated Request (ValidationError names the parameter and its range), before any model is
         loaded for it; `EngineProvider.for_request` then fits it to the preset's engine."""
-        cap = self.settings.max_new_tokens
-        n = _whole(values.get("max_new_tokens"))
-        if isinstance(n, int) and not isinstance(n, bool) and not 1 <= n <= cap:
-            raise ValidationError("max_new_tokens", f"must be in [1, {cap}] in the playground, got {n}")
-        prompt = values.get("prompt")
-        if prompt is not None and not isinstance(prompt, str):
+        given = {FIELDS[k]: whole(values.get(k)) if k in WHOLE else values.get(k) for k in FIELDS}
+        cap, n = self.settings.max_new_tokens, given["max_new_tokens"]
+        if isinstance(n, (int, float)) and not isinstance(n, bool) and not (isinstance(n, int) and 1 <= n <= cap):
+            raise ValidationError("max_new_tokens", f"must be an integer in [1, {cap}] in the playground, got {n}")
+        if given["prompt"] is not None and not isinstance(given["prompt"], str):
             raise ValidationError("prompt", "must be text")
-        return Request(prompt=prompt or "", max_new_tokens=n, temperature=values.get("temperature"),
-                       top_p=values.get("top_p"), seed=_whole(values.get("seed")),
-                       block_size=_whole(values.get("block_size")), diffusion_steps=_whole(values.get("steps")),
-                       confidence_threshold=values.get("confidence"), acceptance_threshold=values.get("acceptance"),
-                       lookup_ngram=_whole(values.get("lookup")), adaptive=values.get("adaptive"),
-                       min_block_size=_whole(values.get("min_block")), max_block_size=_whole(values.get("max_block")),
-                       deadline_s=self.settings.deadline_s)
+        return Request(**{**given, "prompt": given["prompt"] or ""}, deadline_s=self.settings.deadline_s)
 
     def _start(self, engine: Engine, preset: str, request: Request, session: str, look: RunLook):
         """(event stream, its cancel flag) for this session; the flag is dropped again if the start fails."""
@@ -245,7 +232,9 @@ class Playground:
                 fin = render.finished(timed[-1])
                 if fin is None or fin.reason in ("cancelled", "timeout", "error"):
                     who = "Baseline" if len(timed) == len(todo) else "Timed run"
-                    yield {"status": f"{who} {fin.reason if fin else 'stopped'}: {render.finish_words(fin)} Nothing compared."}
+                    words = render.FINISH_WORDS[fin.reason] if fin else "stopped"
+                    detail = f" ({fin.message})" if fin is not None and fin.message and fin.reason != "cancelled" else ""
+                    yield {"status": f"**{who} {words}{detail}:** nothing compared."}
                     return
         finally:
             self.runs.end(session, cancel)
@@ -327,13 +316,16 @@ class Playground:
             return {"replay_label": "Nothing to replay yet: generate a run or load a trace."}
         replay: Replay = state["replay"]
         asked, frame = frame, _frame_index(frame, replay)
+        b = whole(block)
+        pick = min(max(b, 0), replay.n_blocks) if isinstance(b, int) and not isinstance(b, bool) else 0
         with replay.lock:
             shown = replay.seek(frame)
             done = shown.finished is not None
-            out = view(shown, show_rejected, _block(block), replay.baseline_state() if done else None,
+            out = view(shown, show_rejected, _block(pick), replay.baseline_state() if done else None,
                        state.get("compare") if done else None, state.get("hardware", ""), charts=charts)
             label = replay.label(frame)
-        moved = {} if _whole(asked) == frame else {"replay": frame}  # a frame typed past the end: the slider follows
+        # A frame or block typed past the end (or below 0): its slider follows to what is shown.
+        moved = ({} if whole(asked) == frame else {"replay": frame}) | ({} if b == pick else {"inspect_block": pick})
         return {**out, "replay_label": label, **moved}
 
     def step(self, state: dict | None, frame: Any, delta: int, block: Any, show_rejected: bool) -> dict[str, Any]:
@@ -392,10 +384,10 @@ def _finished_session_run(state: dict | None) -> Trace:
 
 
 def _block(value: Any) -> int | None:
-    v = _whole(value)
+    v = whole(value)
     return v if isinstance(v, int) and v > 0 else None
 
 
 def _frame_index(value: Any, replay: Replay) -> int:
-    v = _whole(value)
+    v = whole(value)
     return replay.clamp(v) if isinstance(v, int) else replay.n_frames - 1

@@ -51,9 +51,21 @@ element.addEventListener('keydown', (e) => {
 });"""
 
 
-# Screen readers: the status line changes many times a second while a run streams, so it is not a live region itself;
-# a hidden one announces what it ends on (finished, stopped, compared, an error, a loaded trace), never the progress.
-ANNOUNCE_JS = """() => {
+# The page's script. Screen readers: the status line changes many times a second while a run streams, so it is not a
+# live region itself; a hidden one announces what it ends on (finished, stopped, compared, an error, a loaded trace),
+# never the progress. Narrow pages: the output column sits under the controls, ~2,000 px below Generate, so a run
+# started there (Generate, Compare, Shift+Enter) brings its status line into view — only when it is below the screen.
+PAGE_JS = """() => {
+  const follow = (e) => {
+    const started = e.type === 'click' ? e.target.closest('#generate, #compare')
+      : e.key === 'Enter' && e.shiftKey && e.target.closest('#prompt');
+    const status = document.getElementById('status');
+    if (!started || !status || status.getBoundingClientRect().top < window.innerHeight) { return; }
+    const calm = window.matchMedia('(prefers-reduced-motion: reduce)').matches;
+    status.scrollIntoView({behavior: calm ? 'auto' : 'smooth', block: 'start'});
+  };
+  document.addEventListener('click', follow, true);
+  document.addEventListener('keydown', follow, true);
   const say = document.createElement('div');
   say.id = 'announce'; say.className = 'sr-only'; say.setAttribute('role', 'status'); say.setAttribute('aria-live', 'polite');
   document.body.appendChild(say);
@@ -112,9 +124,9 @@ def initial_values(provider: EngineProvider) -> dict[str, Any]:
 def controls_panel(presets: list[str], d: dict[str, Any], max_new_cap: int) -> dict[str, Any]:
     """The left column: preset, prompt and examples, the buttons, the view switches, then the settings."""
     c: dict[str, Any] = {
-        "preset": gr.Dropdown(presets, value=d["preset"], label="Model preset", info=text.INFO["preset"],
+        "preset": gr.Dropdown(presets, value=d["preset"], label=text.LABELS["preset"], info=text.INFO["preset"],
                               allow_custom_value=False, elem_id="preset"),
-        "prompt": gr.Textbox(label="Prompt", lines=4, max_length=MAX_PROMPT_CHARS, info=text.INFO["prompt"],
+        "prompt": gr.Textbox(label=text.LABELS["prompt"], lines=4, max_length=MAX_PROMPT_CHARS, info=text.INFO["prompt"],
                              placeholder="Ask something, or pick an example below", elem_id="prompt")}
     gr.Examples([[p] for _, p in text.EXAMPLES], inputs=[c["prompt"]], example_labels=[n for n, _ in text.EXAMPLES],
                 label="Examples (prose · code · maths)", cache_examples=False, elem_id="examples")
@@ -136,32 +148,34 @@ def controls_panel(presets: list[str], d: dict[str, Any], max_new_cap: int) -> d
     return c
 
 
-def _setting(key: str, lo: float, hi: float, step: float, d: dict[str, Any], label: str, elem_id: str) -> gr.Slider:
-    """A slider for the control `key`: its starting value, its help text, a button back to the default."""
-    return gr.Slider(lo, hi, value=d[key], step=step, label=label, info=text.INFO[key], buttons=["reset"],
-                     elem_id=elem_id)
+def _setting(key: str, lo: float, hi: float, step: float, d: dict[str, Any], elem_id: str, label: str = "") -> gr.Slider:
+    """A slider for the control `key`: its starting value, its label (text.LABELS, unless given), its help text, a
+    button back to the default."""
+    return gr.Slider(lo, hi, value=d[key], step=step, label=label or text.LABELS[key], info=text.INFO[key],
+                     buttons=["reset"], elem_id=elem_id)
 
 
 def draft_settings(d: dict[str, Any]) -> dict[str, Any]:
-    return {"block_size": _setting("block_size", 1, 64, 1, d, "Block size", "block-size"),
-            "steps": _setting("steps", 1, 8, 1, d, "Denoising steps (extension)", "steps"),
-            "confidence": _setting("confidence", 0.05, 1.0, 0.05, d, "Confidence threshold (steps > 1)", "confidence"),
-            "acceptance": _setting("acceptance", 0.05, 1.0, 0.05, d, acceptance_label(d["acceptance"]), "acceptance"),
-            "lookup": _setting("lookup", 0, 4, 1, d, "Copy from context: n-gram (0 = off)", "lookup")}
+    return {"block_size": _setting("block_size", 1, 64, 1, d, "block-size"),
+            "steps": _setting("steps", 1, 8, 1, d, "steps", f"{text.LABELS['steps']} (extension)"),
+            "confidence": _setting("confidence", 0.05, 1.0, 0.05, d, "confidence", f"{text.LABELS['confidence']} (steps > 1)"),
+            "acceptance": _setting("acceptance", 0.05, 1.0, 0.05, d, "acceptance", acceptance_label(d["acceptance"])),
+            "lookup": _setting("lookup", 0, 4, 1, d, "lookup", f"{text.LABELS['lookup']}: n-gram (0 = off)")}
 
 
 def adaptive_settings(d: dict[str, Any]) -> dict[str, Any]:
-    return {"adaptive": gr.Radio(list(POLICIES), value=d["adaptive"], label="Policy",
+    return {"adaptive": gr.Radio(list(POLICIES), value=d["adaptive"], label=text.LABELS["adaptive"],
                                  info=text.INFO["adaptive"], elem_id="adaptive"),
-            "min_block": _setting("min_block", 1, 64, 1, d, "Min block size", "min-block"),
-            "max_block": _setting("max_block", 1, 64, 1, d, "Max block size", "max-block")}
+            "min_block": _setting("min_block", 1, 64, 1, d, "min-block"),
+            "max_block": _setting("max_block", 1, 64, 1, d, "max-block")}
 
 
 def sampling_settings(d: dict[str, Any], max_new_cap: int) -> dict[str, Any]:
-    return {"temperature": _setting("temperature", 0.0, 2.0, 0.05, d, "Temperature", "temperature"),
-            "top_p": _setting("top_p", 0.05, 1.0, 0.05, d, "Top-p", "top-p"),
-            "max_new_tokens": _setting("max_new_tokens", 1, max_new_cap, 1, d, "Max new tokens", "max-new-tokens"),
-            "seed": gr.Number(d["seed"], precision=0, minimum=0, label="Seed", info=text.INFO["seed"], elem_id="seed")}
+    return {"temperature": _setting("temperature", 0.0, 2.0, 0.05, d, "temperature"),
+            "top_p": _setting("top_p", 0.05, 1.0, 0.05, d, "top-p"),
+            "max_new_tokens": _setting("max_new_tokens", 1, max_new_cap, 1, d, "max-new-tokens"),
+            "seed": gr.Number(d["seed"], precision=0, minimum=0, label=text.LABELS["seed"], info=text.INFO["seed"],
+                              elem_id="seed")}
 
 
 def output_panel(empty: dict[str, Any]) -> dict[str, Any]:
@@ -250,7 +264,7 @@ def launch_kwargs(**overrides: Any) -> dict[str, Any]:
         # Sessions whose state (a run's trace: ~1 MB per 500 tokens, more after Compare) stays in memory. API clients
         # never close their sessions, so only this bound frees them; Gradio's default, 10,000, could hold ~10 GB.
         "state_session_capacity": STATE_SESSIONS,
-        "js": ANNOUNCE_JS,
+        "js": PAGE_JS,
     }
     kw.update(overrides)
     return kw

@@ -98,11 +98,12 @@ def live_status(events: list, what: str = "Generating") -> str:
     if not commits:
         return f"{what}: reading the prompt…"
     blocks = [e for e in events if isinstance(e, ev.Verify)]
-    return f"{what}: {commits[-1].n_out} tokens, {len(blocks)} verify steps…"
+    return f"{what}: {render.count(commits[-1].n_out, 'token')}, {render.count(len(blocks), 'verify step')}…"
 
 
 def final_status(events: list) -> str:
     fin = render.finished(events)
     s = render.run_stats(events)
-    return (f"**{render.finish_words(fin)}** {s['n_output_tokens']} tokens in {s['total_ms'] / 1000:.1f} s · "
-            f"τ {s['tau']:.2f} · {s['tokens_per_s']:.1f} tok/s")
+    rates = (f" · τ {s['tau']:.2f}" if s["n_verify"] else "") + (
+        f" · {s['tokens_per_s']:.1f} tok/s" if s["n_output_tokens"] > 1 else "")  # undefined for a 1-token run
+    return f"**{render.finish_words(fin)}** {render.count(s['n_output_tokens'], 'token')} in {s['total_ms'] / 1000:.1f} s{rates}"

@@ -45,11 +45,15 @@ def _figure(data: list[dict], title: str, xaxis: dict, yaxis: dict, shapes: list
               "legend": {"orientation": "h", "y": -LEGEND_TOP_PX / (height - 80), "yanchor": "top", "x": 0},
               "hovermode": "closest", "font": {"size": 11},
               "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)", "transition": {"duration": 0},
-              "shapes": shapes or [], "annotations": annotations or [], **layout_extra}
+              "shapes": shapes or [], "annotations": annotations or [], "modebar": {"remove": MODEBAR_REMOVE},
+              **layout_extra}
     # Unvalidated for speed (tests validate every figure with go.Figure(fig.to_dict())).
     return go.Figure({"data": data, "layout": layout}, _validate=False)
 
 
+# Toolbar buttons with no use on these charts (selections, stepwise zoom); each was a Tab stop for keyboard users, 9
+# per chart before. Kept: download, zoom, pan, reset.
+MODEBAR_REMOVE = ["select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d"]
 LEGEND_ROW_PX, LEGEND_TOP_PX = 20, 52  # one legend row; the legend's top below the plot area (under the axis title)
 LEGEND_WIDTH_PX = 400  # what a row holds in the playground's half-width plots (the widest layout's narrowest case)
 
@@ -161,10 +165,12 @@ def block_length_figure(run: RunState | list) -> go.Figure:
     bmax = max_block(state)
     sources = list(ev.BLOCK_SOURCES) if _copied(state) else [None]
     data = [_size_series(state, src) for src in sources] + [_committed_series(verifies, src) for src in sources]
-    shapes = [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": bmax, "y1": bmax,
-               "line": {"dash": "dot", "color": GREY, "width": 1}}]
-    notes = [{"text": f"max {bmax}", "xref": "paper", "x": 0, "y": bmax, "yanchor": "bottom", "xanchor": "left",
-              "showarrow": False, "font": {"size": 10, "color": GREY}}]
+    shapes, notes = [], []
+    if state.started is not None:  # no run, no max to draw
+        shapes = [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": bmax, "y1": bmax,
+                   "line": {"dash": "dot", "color": GREY, "width": 1}}]
+        notes = [{"text": f"max {bmax}", "xref": "paper", "x": 0, "y": bmax, "yanchor": "bottom", "xanchor": "left",
+                  "showarrow": False, "font": {"size": 10, "color": GREY}}]
     xmax = max(X_CHUNK, math.ceil(max(len(verifies), 1) / X_CHUNK) * X_CHUNK)
     # the controller's own decisions, not the clip to the tokens left at the end
     for i, d in enumerate(spaced(state.size_changes, math.ceil(NOTE_SPAN * xmax))):

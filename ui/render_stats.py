@@ -60,9 +60,11 @@ def stats_html(run: RunState | list, compare: dict | None = None, hardware: str 
     st = state.started
     draft_share = s["draft_share"] * 100
     items = [
-        ("τ (tokens per target step)", f"{s['tau']:.2f}",
-         "Mean tokens committed per verify step, bonus/correction token included. 1.00 = no gain."),
-        ("tokens / s", f"{s['tokens_per_s']:.1f}", "Decode speed after the first token."),
+        ("τ (tokens per target step)", f"{s['tau']:.2f}" if _more_than(s["n_verify"], 0) else "–",
+         "Mean tokens committed per verify step, bonus/correction token included. 1.00 = no gain. (– : the run ended "
+         "with the prompt's own token, before any verify step.)"),
+        ("tokens / s", f"{s['tokens_per_s']:.1f}" if _more_than(s["n_output_tokens"], 1) else "–",
+         "Decode speed after the first token (– : no token after the first)."),
         ("time to first token", f"{s['ttft_ms']:.0f} ms", "Prompt prefill + the first token."),
         ("draft / verify time", f"{draft_share:.0f}% / {100 - draft_share:.0f}%" if s["verify_ms"] else "–",
          f"draft {s['draft_ms']:.0f} ms, verify {s['verify_ms']:.0f} ms in total"),
@@ -89,7 +91,7 @@ def stats_html(run: RunState | list, compare: dict | None = None, hardware: str 
         same = ("✓ identical to the target's own output" if ok else
                 f"✗ differs from the target's own output at token {compare['first_diff']}: {difference_words(compare)}")
         comp = ('<div class="stat-compare" id="compare-result">'
-                + _stat("baseline tokens / s", f"{compare['baseline_tokens_per_s']:.1f}")
+                + _run_rate(compare) + _stat("baseline tokens / s", f"{compare['baseline_tokens_per_s']:.1f}")
                 + _stat("speedup", f"{compare['speedup']:.2f}×") +
                 f'<div class="stat"><div class="k">outputs</div>'
                 f'<div class="v {"same" if ok else "diff"}">{attr(same)}</div></div>'
@@ -100,6 +102,20 @@ def stats_html(run: RunState | list, compare: dict | None = None, hardware: str 
             f'data-n-verify="{attr(s["n_verify"])}" data-reason="{attr(fin.reason if fin else "running")}"></span>')
     return (f'<div class="dfl-stats"><div class="stat-grid">{cells}</div><div class="badges">{"".join(badges)}</div>'
             f'{comp}{hw}{data}</div>')
+
+
+def _more_than(value: object, n: int) -> bool:
+    """A count from the run's statistics above n (a loaded trace's statistics are shown as text, whatever they hold)."""
+    return isinstance(value, (int, float)) and value > n
+
+
+def _run_rate(compare: dict) -> str:
+    """The compared run's tok/s, from which the speedup is computed: beside the baseline's, since the statistics above
+    may show another timing of the run (its live one, which also paid for drawing the page)."""
+    rate = compare.get("run_tokens_per_s")
+    if not isinstance(rate, (int, float)):  # an older trace's comparison
+        return ""
+    return _stat("run tokens / s (timed)" if compare.get("live_tokens_per_s") is not None else "run tokens / s", f"{rate:.1f}")
 
 
 def _timed_words(compare: dict) -> str:

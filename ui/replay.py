@@ -195,6 +195,7 @@ class Replay:
     def __init__(self, trace: Trace):
         self.trace = trace
         self.ends = frames(trace.events) or [len(trace.events) - 1]  # the event index that ends each frame
+        self.n_blocks = max((e.block for e in trace.events if isinstance(e, ev.Commit)), default=0)
         self.lock = threading.Lock()
         self.processed = 0  # events added to or taken back from the view state so far
         self._state, self._next = RunState(undoable=True), 0  # the state holds events[:_next]

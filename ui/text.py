@@ -18,8 +18,15 @@ EXAMPLES = [
     ("Maths", "What is 17 multiplied by 24? Work it out step by step."),
 ]
 
+# Each control's name on the page (ui/layout.py); an error about a control names it so (ui/handlers.py).
+LABELS = {"prompt": "Prompt", "preset": "Model preset", "block_size": "Block size", "steps": "Denoising steps",
+          "confidence": "Confidence threshold", "acceptance": "Acceptance threshold", "lookup": "Copy from context",
+          "adaptive": "Policy", "min_block": "Min block size", "max_block": "Max block size", "temperature": "Temperature",
+          "top_p": "Top-p", "max_new_tokens": "Max new tokens", "seed": "Seed"}
+
 INFO = {
-    "prompt": "Your message to the model (its chat template is applied). At most 32,000 characters.",
+    "prompt": ("Your message to the model (its chat template is applied). At most 32,000 characters. Enter starts a new "
+               "line; Shift+Enter generates."),
     "preset": "Model pair from the registry. The large presets need a GPU and access to the Hugging Face hub.",
     "block_size": ("Tokens per verify step: the last committed token + (block size − 1) drafted ones. Between the min and "
                    "max block size (Adaptive block length, below); its default is the draft's trained size, past which its "

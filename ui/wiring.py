@@ -14,7 +14,10 @@ from typing import Any
 
 import gradio as gr
 
+from dflash.request import MAX_BLOCK_SIZE
+from ui import text
 from ui.engines import EngineProvider
+from ui.controls import user_message
 from ui.handlers import CONTROL_KEYS, STOPPED_IN_QUEUE, USER_ERRORS, VIEW_KEYS, Playground
 from ui.text import REPLAY_WAITS
 
@@ -34,7 +37,7 @@ def _errors(fn: Callable[..., Any]) -> Any:
     except (gr.Error, StopIteration):
         raise
     except USER_ERRORS as exc:
-        raise gr.Error(str(exc), print_exception=False) from None
+        raise gr.Error(user_message(exc), print_exception=False) from None
     except Exception:  # never show internals
         log.exception("playground handler failed")
         raise gr.Error(GENERIC_ERROR, print_exception=False) from None
@@ -60,13 +63,31 @@ def acceptance_label(value: Any) -> str:
         lossy = float(value) < 1.0
     except (TypeError, ValueError):
         lossy = False
-    return "Acceptance threshold — LOSSY below 1.0" if lossy else "Acceptance threshold — 1.0 = exact (lossless)"
+    return f"{text.LABELS['acceptance']} — {'LOSSY below 1.0' if lossy else '1.0 = exact (lossless)'}"
 
 
 def block_updates(size: int | None) -> tuple:
     """(block size, max block size) for a newly chosen preset: its draft's block size, as the defaults set both;
     left as they are when the preset's block size is unknown."""
     return (gr.update(value=size), gr.update(value=size)) if size else (gr.skip(), gr.skip())
+
+
+def fit_block_range(moved: str, size: Any, lo: Any, hi: Any) -> tuple:
+    """(block size, min, max block size) after the user moved `moved` ("block_size", "min_block" or "max_block"):
+    the other two follow so that min <= block size <= max still holds, where a request outside it is refused (the
+    defaults tie the max to the draft's block size, so moving the block size past it would be an error otherwise).
+    gr.skip() for a value that stays; all three when one is not a whole number in [1, MAX_BLOCK_SIZE] (the request
+    then names it)."""
+    try:
+        values = tuple(int(v) for v in (size, lo, hi) if float(v).is_integer() and 1 <= float(v) <= MAX_BLOCK_SIZE)
+    except (TypeError, ValueError, OverflowError):
+        values = ()
+    if len(values) < 3:
+        return (gr.skip(),) * 3
+    size, lo, hi = values
+    new = {"block_size": (size, min(lo, size), max(hi, size)), "min_block": (max(size, lo), lo, max(hi, lo)),
+           "max_block": (min(size, hi), min(lo, hi), hi)}[moved]
+    return tuple(gr.skip() if n == o else n for n, o in zip(new, values))
 
 
 def wire(demo: gr.Blocks, pg: Playground, ui: dict[str, Any], initial: dict[str, Any]) -> Any:
@@ -128,7 +149,8 @@ def _wire_generation(pg: Playground, ui: dict[str, Any], outputs: list) -> Any:
 
 def _wire_settings(provider: EngineProvider, ui: dict[str, Any], initial: dict[str, Any]) -> None:
     """Reset, the acceptance label that warns about lossy settings, and what a preset change updates."""
-    ui["reset"].click(lambda: tuple(initial[k] for k in CONTROL_KEYS), None, [ui[k] for k in CONTROL_KEYS],
+    settings = [k for k in CONTROL_KEYS if k != "prompt"]  # the prompt is the user's text, not a setting: it stays
+    ui["reset"].click(lambda: tuple(initial[k] for k in settings), None, [ui[k] for k in settings],
                       api_name="reset", queue=False)
     acceptance, preset = ui["acceptance"], ui["preset"]
     # Raw values: a threshold typed below the slider's range (0, -0.5) failed Gradio's range check before the label
@@ -140,6 +162,11 @@ def _wire_settings(provider: EngineProvider, ui: dict[str, Any], initial: dict[s
                   preset, ui["notice"], queue=False, api_visibility="private")
     preset.change(lambda p: block_updates(provider.block_size(p)), preset, [ui["block_size"], ui["max_block"]],
                   queue=False, api_visibility="private", show_progress="hidden")
+    # `input`: the user's own moves only (a preset change or Reset sets all three consistently).
+    sizes = [ui["block_size"], ui["min_block"], ui["max_block"]]
+    for key in ("block_size", "min_block", "max_block"):
+        ui[key].input(lambda *v, key=key: fit_block_range(key, *v), sizes, sizes, queue=False, api_visibility="private",
+                      show_progress="hidden", preprocess=False)
 
 
 def _wire_replay(pg: Playground, ui: dict[str, Any], outputs: list) -> None:

@@ -56,7 +56,8 @@ def app():
 
 
 ACCORDION = {"max-new-tokens": "Sampling and length", "acceptance": "Draft and verification",
-             "block-size": "Draft and verification", "lookup": "Draft and verification"}
+             "block-size": "Draft and verification", "lookup": "Draft and verification",
+             "min-block": "Adaptive block length", "max-block": "Adaptive block length"}
 
 
 def open_page(browser, url: str):
@@ -154,11 +155,29 @@ def test_generate_stream_inspect_stop_and_replay(app, browser):
 def test_controls_explain_themselves_and_reset(app, browser):
     page = open_page(browser, app.url)
     expect(page.locator("#acceptance")).to_contain_text("1.0 = exact (lossless)")
+    page.locator("#prompt textarea").fill("Keep me")
     set_slider(page, "acceptance", 0.5)
     expect(page.locator("#acceptance")).to_contain_text("LOSSY below 1.0", timeout=30_000)
     page.click("#reset")
     expect(page.locator("#acceptance")).to_contain_text("1.0 = exact (lossless)", timeout=30_000)
+    expect(page.locator("#prompt textarea")).to_have_value("Keep me")  # the user's text is not a setting
     expect(page.locator("#block-size")).to_contain_text("its default is the draft's trained size")
+    page.close()
+
+
+def test_the_block_size_and_its_range_move_together(app, browser):
+    """The defaults tie the max block size to the draft's (8): a block size typed past it takes the max along (a
+    request outside [min, max] is refused), and a max typed below the block size takes the block size down."""
+    page = open_page(browser, app.url)
+    page.locator("#prompt textarea").fill("Once upon a time")
+    set_slider(page, "max-new-tokens", 24)
+    set_slider(page, "block-size", 16)
+    set_slider(page, "min-block", 2)  # opens the accordion
+    expect(page.locator("#max-block input[type=number]")).to_have_value("16", timeout=30_000)
+    page.click("#generate")
+    expect(page.locator("#status")).to_contain_text("Finished (length)", timeout=300_000)
+    set_slider(page, "max-block", 4)
+    expect(page.locator("#block-size input[type=number]")).to_have_value("4", timeout=30_000)
     page.close()
 
 
@@ -193,6 +212,25 @@ def test_on_a_phone_the_charts_and_statistics_take_the_whole_width(app, browser)
         if not side_by_side:
             assert len({round(b["x"]) for b in (bl, hist, pos, thr)}) == 1 and bl["y"] < hist["y"] < pos["y"] < thr["y"]
             assert all(b["width"] >= 0.8 * 400 for b in (bl, hist, pos, thr, stats))
+        page.close()
+
+
+def test_on_a_phone_generate_brings_the_run_into_view(app, browser):
+    """At 390 px the status line sits ~2,000 px below Generate: pressing Generate scrolls it into view (and on a
+    desktop, where it is already in view, nothing scrolls)."""
+    for width, height in ((390, 844), (1440, 1100)):
+        page = browser.new_page(viewport={"width": width, "height": height})
+        page.goto(app.url)
+        page.wait_for_selector("#token-legend .dfl-legend", timeout=120_000)
+        below = page.locator("#status").bounding_box()["y"] > height
+        assert below == (width == 390)
+        page.locator("#prompt textarea").fill("Once upon a time")
+        set_slider(page, "max-new-tokens", 8)
+        page.evaluate("window.scrollTo(0, 0)")
+        page.click("#generate")
+        expect(page.locator("#status")).to_be_in_viewport(timeout=30_000)
+        expect(page.locator("#status")).to_contain_text("Finished", timeout=300_000)
+        assert (page.evaluate("window.scrollY") > 0) == below
         page.close()
 
 
@@ -296,6 +334,10 @@ def test_keyboard_reaches_every_token_with_a_visible_focus_and_the_text_is_legib
         page.click("#compare")
         expect(page.locator("#compare-result")).to_contain_text("identical", timeout=120_000)
         assert low_contrast(page) == []  # legend, tokens, inspector cells, statistics and the verdict
+        # Each chart's toolbar: download, zoom, pan, reset and Plotly's logo — 9 Tab stops per chart before (selections,
+        # stepwise zoom).
+        for chart in ("#block-length-plot", "#acceptance-histogram", "#position-acceptance-plot", "#throughput-plot"):
+            assert page.locator(f"{chart} .modebar-btn").count() <= 5, chart
     finally:
         page.close()
 

@@ -1,0 +1,35 @@
+"""The playground's controls as the engine knows them: the Request field each control sets, which controls hold
+whole numbers, and an error about a field in the words of the page (the control's label, ui/text.py)."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from dflash.errors import ValidationError
+from ui import text
+
+# The Request field each control sets (make_request); the controls whose values are whole numbers.
+FIELDS = {"prompt": "prompt", "block_size": "block_size", "steps": "diffusion_steps", "confidence": "confidence_threshold",
+          "acceptance": "acceptance_threshold", "lookup": "lookup_ngram", "adaptive": "adaptive",
+          "min_block": "min_block_size", "max_block": "max_block_size", "temperature": "temperature", "top_p": "top_p",
+          "max_new_tokens": "max_new_tokens", "seed": "seed"}
+WHOLE = frozenset({"block_size", "steps", "lookup", "min_block", "max_block", "max_new_tokens", "seed"})
+_LABEL_OF_FIELD = {field: text.LABELS[key] for key, field in FIELDS.items()} | {"preset": text.LABELS["preset"]}
+
+
+def user_message(exc: Exception) -> str:
+    """An error's message for the page: a request field is named as its control is labelled there ("Max block size:
+    must be >= Min block size (4), got 2", not max_block_size / min_block_size), also inside the message."""
+    if not isinstance(exc, ValidationError) or exc.param not in _LABEL_OF_FIELD:
+        return str(exc)
+    message = re.sub(r"\b[a-z]+(?:_[a-z]+)+\b", lambda m: _LABEL_OF_FIELD.get(m.group(), m.group()), exc.message)
+    return f"{_LABEL_OF_FIELD[exc.param]}: {message}"
+
+
+def whole(value: Any) -> Any:
+    """Sliders send floats: 16.0 → 16. Anything else goes to Request unchanged, which names the parameter."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return value
