@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -122,13 +123,30 @@ def _load_gguf(spec: str, **gpu):
     return _load_dir(str(cached), **gpu)
 
 
+@contextmanager
+def _weights_bar(shown: bool):
+    """transformers' "Loading weights" progress bar, shown for a load that may download; for a local checkpoint, read
+    in about a second, it only cluttered the CLI's output and the server's log."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    if not shown:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was and not shown:
+            hf_logging.enable_progress_bar()
+
+
 def _load_dir(path: str, local_only: bool = True, **gpu):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gpu = {"dtype": torch.float32, **gpu}
     if gpu.get("device_map") == "auto":
         gpu["device_map"] = auto_device_map(path, gpu["dtype"], local_only=local_only)
-    model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, local_files_only=local_only, **gpu)
+    with _weights_bar(shown=not local_only):
+        model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, local_files_only=local_only, **gpu)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
     except (OSError, ValueError, TypeError):
