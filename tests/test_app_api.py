@@ -148,6 +148,8 @@ def test_values_a_client_library_cannot_send_are_refused_by_name(app, name, valu
     ({"prompt": "   "}, "Prompt: must be a non-empty string"),
     ({"max_new_tokens": 100_000}, "Max new tokens: must be an integer in [1, 512] in the playground"),
     ({"max_new_tokens": 2.5}, "Max new tokens: must be an integer in [1, 512] in the playground, got 2.5"),
+    ({"max_new_tokens": "ten"}, "Max new tokens: must be an integer in [1, 512] in the playground, got 'ten'"),
+    ({"seed": None}, "Seed: must be an integer in [0, 2^63 - 1], got an empty value"),
     ({"min_block": 6, "max_block": 4, "block_size": 5}, "Max block size: must be >= Min block size (6), got 4"),
     ({"acceptance": 0.0}, "Acceptance threshold: must be in (0.0, 1.0]"),
     ({"steps": 2.5}, "Denoising steps: must be an integer"),
@@ -288,7 +290,7 @@ def test_replay_controls_leave_a_running_generation_alone(paced_app):
         final = named(job.result(timeout=300))
         assert "Finished (length)" in final["status"]
         stepped = named(client.predict(0, 0, True, api_name="/step_next"))
-        assert stepped["replay_label"].startswith("Frame 2/")
+        assert stepped["replay_label"].startswith("Frame 1/")
     finally:
         client.close()
 
@@ -399,7 +401,7 @@ def test_every_forward_of_a_request_runs_on_the_torch_thread(app):
 def test_compare_needs_a_run_of_this_session(app):
     fresh = Client(app.url, verbose=False)
     try:
-        with pytest.raises(AppError, match="compare: needs a run from this session"):
+        with pytest.raises(AppError, match="Compare with autoregressive: needs a run from this session"):
             fresh.predict(False, api_name="/compare")
     finally:
         fresh.close()
@@ -411,7 +413,7 @@ def test_replay_bundled_and_uploaded_traces(app, tmp_path):
     assert f"Loaded bundled trace:** {label}" in loaded["status"]
     last = loaded["replay"]["value"]  # a slider update: {"maximum": .., "value": ..}
     assert loaded["replay"]["maximum"] == last
-    assert loaded["replay_label"].startswith(f"Frame {last + 1}/{last + 1}: finished")
+    assert loaded["replay_label"].startswith(f"Frame {last}/{last}: finished")
     # The downloads follow the trace shown (they kept the session's last run's files); the history's stays the runs'.
     original = load_trace_file(bundled_traces()[label])
     exported = parse_trace(Path(loaded["export_trace"]).read_text(encoding="utf-8"))
@@ -420,7 +422,7 @@ def test_replay_bundled_and_uploaded_traces(app, tmp_path):
     assert Path(loaded["export_metrics"]).read_text().count("\n") == 1 + sum(isinstance(e, Commit) for e in original.events)
     assert loaded["export_history"] == {"__type__": "update"}  # skipped: left as it was
     prev = named(app.client.predict(last, 0, True, api_name="/step_prev"))
-    assert prev["replay"] == last - 1 and prev["replay_label"].startswith(f"Frame {last}/{last + 1}")
+    assert prev["replay"] == last - 1 and prev["replay_label"].startswith(f"Frame {last - 1}/{last}")
     first = named(app.client.predict(0, 0, True, api_name="/show_frame"))
     assert "the request starts" in first["replay_label"] and "No tokens yet at this point of the run" in first["tokens"]
     nxt = named(app.client.predict(0, 0, True, api_name="/step_next"))
@@ -428,12 +430,13 @@ def test_replay_bundled_and_uploaded_traces(app, tmp_path):
     # A frame or block typed past the end shows the last one and the slider follows (Gradio's own range check
     # refused it before: "Value 1000000 is greater than maximum value …", naming no control).
     far = named(app.client.predict(10**6, 10**6, True, api_name="/show_frame"))
-    assert far["replay"] == last and far["replay_label"].startswith(f"Frame {last + 1}/{last + 1}: finished")
+    assert far["replay"] == last and far["replay_label"].startswith(f"Frame {last}/{last}: finished")
     n_blocks = max(e.block for e in original.events if isinstance(e, Commit))
     assert far["inspect_block"] == n_blocks and f"Block {n_blocks}" in far["inspector"]  # the block box follows too
     assert named(app.client.predict(last, -3, True, api_name="/show_frame"))["inspect_block"] == 0  # 0 = the latest
     assert named(app.client.predict(10**6, 0, True, api_name="/step_prev"))["replay"] == last - 1
     assert unchanged(named(app.client.predict(1, 0, True, api_name="/show_frame"))["replay"])  # in range: left alone
+    assert named(app.client.predict(2.6, 0, True, api_name="/show_frame"))["replay"] == 3  # a fraction rounds (was: the end)
     up = named(app.client.predict(handle_file(str(bundled_traces()[label])), True, api_name="/upload_trace"))
     assert "Loaded upload trace" in up["status"]
     bad = tmp_path / "bad.json"
@@ -557,7 +560,7 @@ def test_step_mode_records_then_starts_at_the_first_step(app):
     # Its first frame has no token yet: the stream says so (it said "Press Generate", which had just been pressed).
     assert "No tokens yet at this point of the run" in final["tokens"] and "Press Generate" not in final["tokens"]
     stepped = pg.step(final["trace"], 0, 1, 0, True)
-    assert stepped["replay"] == 1 and "Frame 2/" in stepped["replay_label"]
+    assert stepped["replay"] == 1 and "Frame 1/" in stepped["replay_label"]
 
 
 def test_unexpected_errors_are_shown_without_internals():

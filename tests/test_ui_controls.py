@@ -21,7 +21,11 @@ def test_every_request_control_has_a_field_and_a_label():
     ("lookup_ngram", "must be in [0, 8], got 9", "Copy from context: must be in [0, 8], got 9"),
     ("diffusion_steps", "must be 1 with verify='rejection'", "Denoising steps: must be 1 with verify='rejection'"),
     ("preset", "unknown preset 'x'", "Model preset: unknown preset 'x'"),
-    ("trace", "upload a trace first", "trace: upload a trace first"),  # not a control: as it is
+    ("trace", "upload a trace first", "trace: upload a trace first"),  # as a refused file's TraceError says it
+    ("compare", "needs a run from this session", "Compare with autoregressive: needs a run from this session"),
+    ("seed", "must be an integer in [0, 9223372036854775807], got None",
+     "Seed: must be an integer in [0, 2^63 - 1], got an empty value"),  # Python's words, a bound too long to read
+    ("verify", "must be one of match, rejection", "verify: must be one of match, rejection"),  # not on the page: as it is
 ])
 def test_an_error_names_the_control_as_the_page_labels_it(param, message, shown):
     assert user_message(ValidationError(param, message)) == shown

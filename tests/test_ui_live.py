@@ -70,8 +70,13 @@ def test_the_hardware_line_shows_the_host_settings_and_ends_with_the_dtype():
     assert hardware(engine).endswith("· float32 (exact)") and dtype_of(hardware(engine)) == "float32"
     rows = [{"dtype": "float32", "threads": 2, "layout": "transposed", "step_ms": 40.2, "verify_ms": 65.4, "score_ms": 105.6}]
     engine.host = HostSettings("float32", 2, "transposed", "cache", block=8, candidates=rows)
-    line = hardware(engine)
-    assert f"CPU, {torch.get_num_threads()} threads, transposed layout; 1-token step 40 ms, 8-token verify 65 ms " \
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        line = hardware(engine)
+    finally:
+        torch.set_num_threads(before)
+    assert "CPU, 1 thread, transposed layout; 1-token step 40 ms, 8-token verify 65 ms " \
            "(probe cached)" in line and dtype_of(line) == "float32"
     engine.host = HostSettings("bfloat16", 2, "linear", "cache", block=8, float32_from_rows=16,
                                candidates=[{**rows[0], "dtype": "bfloat16", "layout": "linear"}])

@@ -175,6 +175,9 @@ def test_inspector_html_shows_masks_commits_and_the_first_rejection(runs):
     last = max(render.group_blocks(events))
     assert f"Block {last}:" in render_inspector.inspector_html(events)
     assert f"Block {last}:" in render_inspector.inspector_html(events, block=999)
+    # …and says so: the block box showed 999 beside the latest block's grid, with nothing to tell them apart.
+    assert "Block 999 is not reached at this point of the run" in render_inspector.inspector_html(events, block=999)
+    assert "not reached" not in render_inspector.inspector_html(events) + render_inspector.inspector_html(events, block=1)
 
 
 def test_inspector_verdict_row_matches_verify_events(runs):

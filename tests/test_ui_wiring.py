@@ -115,6 +115,8 @@ def test_block_updates_follow_the_presets_draft():
     ("max-block", 4, (4, 2, 4)),  # below the block size: it follows
     ("min-block", 12, (12, 12, 12)),  # above both: both follow
     ("block-size", "NaN", (8, 2, 8)),  # not a size: left for the request to name
+    ("block-size", 100, (64, 2, 64)),  # past the slider's end: its end, as the box shows it after losing focus
+    ("max-block", 0, (1, 1, 1)),
 ])
 def test_the_block_size_and_its_range_move_together(demo, moved, typed, expected):
     """The defaults tie the max block size to the draft's, so moving the block size past it was refused at Generate
@@ -131,3 +133,20 @@ def test_the_block_size_and_its_range_move_together(demo, moved, typed, expected
                                        request=gr.Request(session_hash="wiring-test")))["data"]
     got = tuple(v if not isinstance(v, dict) else (v.get("value") if "value" in v else values[k]) for k, v in enumerate(out))
     assert got == tuple(typed if isinstance(typed, str) and i == moved else e for i, e in zip(ids, expected))
+
+
+def test_the_sliders_span_what_the_engine_accepts(demo):
+    """An error quoted the engine's range beside a slider that stopped short of it ("Denoising steps: must be an
+    integer in [1, 16]" by a slider ending at 8; the n-gram's at 4 of 8)."""
+    from dflash.request import MAX_BLOCK_SIZE, MAX_NGRAM, MAX_STEPS
+
+    ends = {c.elem_id: c.maximum for c in demo.blocks.values() if isinstance(c, gr.Slider)}
+    assert (ends["steps"], ends["lookup"]) == (MAX_STEPS, MAX_NGRAM)
+    assert ends["block-size"] == ends["min-block"] == ends["max-block"] == MAX_BLOCK_SIZE
+
+
+def test_the_apis_return_values_are_named(demo):
+    """Clients saw `value_38`, `value_39`, … for the status, the token stream and the charts."""
+    labels = [r.get("label") or "" for r in demo.get_api_info()["named_endpoints"]["/generate"]["returns"]]
+    assert "Status" in labels and "Token stream" in labels and "Statistics" in labels
+    assert not [x for x in labels if not x or x.startswith("value_")], labels

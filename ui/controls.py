@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from dflash.errors import ValidationError
+from dflash.request import MAX_SEED
 from ui import text
 
 # The Request field each control sets (make_request); the controls whose values are whole numbers.
@@ -16,7 +17,11 @@ FIELDS = {"prompt": "prompt", "block_size": "block_size", "steps": "diffusion_st
           "min_block": "min_block_size", "max_block": "max_block_size", "temperature": "temperature", "top_p": "top_p",
           "max_new_tokens": "max_new_tokens", "seed": "seed"}
 WHOLE = frozenset({"block_size", "steps", "lookup", "min_block", "max_block", "max_new_tokens", "seed"})
-_LABEL_OF_FIELD = {field: text.LABELS[key] for key, field in FIELDS.items()} | {"preset": text.LABELS["preset"]}
+# Fields and other names an error may start with, as the page names them.
+_LABEL_OF_FIELD = {field: text.LABELS[key] for key, field in FIELDS.items()} | {
+    "preset": text.LABELS["preset"], "compare": "Compare with autoregressive"}
+# Python's words in a message, and a bound too long to read, in the page's words.
+_PLAIN = {"got None": "got an empty value", f"{MAX_SEED}]": "2^63 - 1]"}
 
 
 def user_message(exc: Exception) -> str:
@@ -25,6 +30,8 @@ def user_message(exc: Exception) -> str:
     if not isinstance(exc, ValidationError) or exc.param not in _LABEL_OF_FIELD:
         return str(exc)
     message = re.sub(r"\b[a-z]+(?:_[a-z]+)+\b", lambda m: _LABEL_OF_FIELD.get(m.group(), m.group()), exc.message)
+    for python, plain in _PLAIN.items():
+        message = message.replace(python, plain)
     return f"{_LABEL_OF_FIELD[exc.param]}: {message}"
 
 

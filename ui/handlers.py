@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import math
 import tempfile
 import threading
 import time
@@ -135,8 +136,8 @@ class Playground:
         loaded for it; `EngineProvider.for_request` then fits it to the preset's engine."""
         given = {FIELDS[k]: whole(values.get(k)) if k in WHOLE else values.get(k) for k in FIELDS}
         cap, n = self.settings.max_new_tokens, given["max_new_tokens"]
-        if isinstance(n, (int, float)) and not isinstance(n, bool) and not (isinstance(n, int) and 1 <= n <= cap):
-            raise ValidationError("max_new_tokens", f"must be an integer in [1, {cap}] in the playground, got {n}")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= cap:
+            raise ValidationError("max_new_tokens", f"must be an integer in [1, {cap}] in the playground, got {n!r}")
         if given["prompt"] is not None and not isinstance(given["prompt"], str):
             raise ValidationError("prompt", "must be text")
         return Request(**{**given, "prompt": given["prompt"] or ""}, deadline_s=self.settings.deadline_s)
@@ -389,5 +390,8 @@ def _block(value: Any) -> int | None:
 
 
 def _frame_index(value: Any, replay: Replay) -> int:
+    """The frame a slider value asks for: a fraction typed into its box rounds; no number at all means the last."""
     v = whole(value)
-    return replay.clamp(v) if isinstance(v, int) else replay.n_frames - 1
+    if isinstance(v, float) and math.isfinite(v):
+        v = round(v)
+    return replay.clamp(v) if isinstance(v, int) and not isinstance(v, bool) else replay.n_frames - 1

@@ -17,7 +17,7 @@ import gradio as gr
 from dflash.adaptive import POLICIES
 from dflash.engine import Engine
 from dflash.registry import ASSETS
-from dflash.request import MAX_PROMPT_CHARS
+from dflash.request import MAX_BLOCK_SIZE, MAX_NGRAM, MAX_PROMPT_CHARS, MAX_STEPS
 from ui import text
 from ui.engines import EngineProvider, Loader
 from ui.exports import HISTORY_COLUMNS, history_table
@@ -156,18 +156,18 @@ def _setting(key: str, lo: float, hi: float, step: float, d: dict[str, Any], ele
 
 
 def draft_settings(d: dict[str, Any]) -> dict[str, Any]:
-    return {"block_size": _setting("block_size", 1, 64, 1, d, "block-size"),
-            "steps": _setting("steps", 1, 8, 1, d, "steps", f"{text.LABELS['steps']} (extension)"),
+    return {"block_size": _setting("block_size", 1, MAX_BLOCK_SIZE, 1, d, "block-size"),
+            "steps": _setting("steps", 1, MAX_STEPS, 1, d, "steps", f"{text.LABELS['steps']} (extension)"),
             "confidence": _setting("confidence", 0.05, 1.0, 0.05, d, "confidence", f"{text.LABELS['confidence']} (steps > 1)"),
             "acceptance": _setting("acceptance", 0.05, 1.0, 0.05, d, "acceptance", acceptance_label(d["acceptance"])),
-            "lookup": _setting("lookup", 0, 4, 1, d, "lookup", f"{text.LABELS['lookup']}: n-gram (0 = off)")}
+            "lookup": _setting("lookup", 0, MAX_NGRAM, 1, d, "lookup", f"{text.LABELS['lookup']}: n-gram (0 = off)")}
 
 
 def adaptive_settings(d: dict[str, Any]) -> dict[str, Any]:
     return {"adaptive": gr.Radio(list(POLICIES), value=d["adaptive"], label=text.LABELS["adaptive"],
                                  info=text.INFO["adaptive"], elem_id="adaptive"),
-            "min_block": _setting("min_block", 1, 64, 1, d, "min-block"),
-            "max_block": _setting("max_block", 1, 64, 1, d, "max-block")}
+            "min_block": _setting("min_block", 1, MAX_BLOCK_SIZE, 1, d, "min-block"),
+            "max_block": _setting("max_block", 1, MAX_BLOCK_SIZE, 1, d, "max-block")}
 
 
 def sampling_settings(d: dict[str, Any], max_new_cap: int) -> dict[str, Any]:
@@ -178,19 +178,25 @@ def sampling_settings(d: dict[str, Any], max_new_cap: int) -> dict[str, Any]:
                               elem_id="seed")}
 
 
+def _named(label: str) -> dict[str, Any]:
+    """A label the page does not show (the view says what it is) but the API does: clients see `Status`, `Token
+    stream`, … among /generate's return values instead of `value_38`, `value_39`, …"""
+    return {"label": label, "show_label": False}
+
+
 def output_panel(empty: dict[str, Any]) -> dict[str, Any]:
     """Status, the token stream with its legend, the statistics with Compare, and the block inspector; `empty`:
     the views of no run."""
     o: dict[str, Any] = {
-        "status": gr.Markdown("Ready.", elem_id="status"),
-        "legend": gr.HTML(empty["legend"], elem_id="token-legend", padding=True),
+        "status": gr.Markdown("Ready.", elem_id="status", **_named("Status")),
+        "legend": gr.HTML(empty["legend"], elem_id="token-legend", padding=True, **_named("Legend and prompt")),
         "tokens": gr.HTML(empty["tokens"], html_template=TOKEN_TEMPLATE, js_on_load=TOKEN_JS, elem_id="token-stream",
-                          padding=True)}
+                          padding=True, **_named("Token stream"))}
     with gr.Row(equal_height=False):  # side by side where both fit, the button below the statistics on a phone
         with gr.Column(min_width=NARROWEST):  # (gr.HTML does not apply its own min_width)
-            o["stats"] = gr.HTML(empty["stats"], elem_id="stats", padding=True)
+            o["stats"] = gr.HTML(empty["stats"], elem_id="stats", padding=True, **_named("Statistics"))
         o["compare"] = gr.Button("Compare with autoregressive", elem_id="compare", scale=0, min_width=200)
-    o["inspector"] = gr.HTML(empty["inspector"], elem_id="block-inspector", padding=True)
+    o["inspector"] = gr.HTML(empty["inspector"], elem_id="block-inspector", padding=True, **_named("Block inspector"))
     o["inspect_block"] = gr.Slider(0, 1, value=0, step=1, label="Inspect block (0 = the latest)",
                                    info="Pick any block of the current run or trace.", elem_id="inspect-block")
     return o
@@ -198,14 +204,15 @@ def output_panel(empty: dict[str, Any]) -> dict[str, Any]:
 
 def charts_panel(empty: dict[str, Any]) -> dict[str, Any]:
     """The four charts, two by two where two fit side by side, else one under the other (a phone)."""
-    def plot(name: str, elem_id: str) -> gr.Plot:
-        return gr.Plot(empty[name], show_label=False, elem_id=elem_id, min_width=NARROWEST)
+    def plot(name: str, elem_id: str, label: str) -> gr.Plot:
+        return gr.Plot(empty[name], elem_id=elem_id, min_width=NARROWEST, **_named(label))
 
     with gr.Row():
-        p = {"block_length": plot("block_length", "block-length-plot"), "histogram": plot("histogram", "acceptance-histogram")}
+        p = {"block_length": plot("block_length", "block-length-plot", "Block length chart"),
+             "histogram": plot("histogram", "acceptance-histogram", "Acceptance length histogram")}
     with gr.Row():
-        p["positions"] = plot("positions", "position-acceptance-plot")
-        p["throughput"] = plot("throughput", "throughput-plot")
+        p["positions"] = plot("positions", "position-acceptance-plot", "Acceptance by draft position chart")
+        p["throughput"] = plot("throughput", "throughput-plot", "Throughput chart")
     return p
 
 
@@ -220,12 +227,12 @@ def replay_tab(traces: list[str]) -> dict[str, Any]:
                  "load_trace": gr.Button("Load trace", elem_id="load-trace", scale=1),
                  "upload": gr.File(label="…or upload a trace JSON", file_types=[".json", ".jsonl"],
                                    elem_id="trace-upload", scale=2)}
-        r["replay"] = gr.Slider(0, 1, value=0, step=1, label="Step", elem_id="replay-step")
+        r["replay"] = gr.Slider(0, 1, value=0, step=1, label="Frame (0 = the request starts)", elem_id="replay-step")
         with gr.Row():
             r["prev"] = gr.Button("◀ Prev step", elem_id="step-prev")
             r["next"] = gr.Button("Next step ▶", elem_id="step-next")
             r["play"] = gr.Button("▶▶ Play", elem_id="play")
-        r["replay_label"] = gr.Markdown("", elem_id="replay-label")
+        r["replay_label"] = gr.Markdown("", elem_id="replay-label", **_named("Frame description"))
     return r
 
 

@@ -32,7 +32,7 @@ def hardware(engine) -> str:
     if t.device.type == "cuda":
         where = torch.cuda.get_device_name(t.device)
     else:
-        where = f"CPU, {torch.get_num_threads()} threads"
+        where = f"CPU, {render.count(torch.get_num_threads(), 'thread')}"
         if engine.host is not None:
             prompts = ", prompts in float32 matmuls" if engine.host.float32_from_rows else ""
             where += f", {engine.host.layout} layout{prompts}; {engine.host.numbers()}"

@@ -45,14 +45,15 @@ def _figure(data: list[dict], title: str, xaxis: dict, yaxis: dict, shapes: list
               "legend": {"orientation": "h", "y": -LEGEND_TOP_PX / (height - 80), "yanchor": "top", "x": 0},
               "hovermode": "closest", "font": {"size": 11},
               "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)", "transition": {"duration": 0},
-              "shapes": shapes or [], "annotations": annotations or [], "modebar": {"remove": MODEBAR_REMOVE},
+              "shapes": shapes or [], "annotations": annotations or [], "modebar": {"remove": MODEBAR_REMOVE, "orientation": "v"},
               **layout_extra}
     # Unvalidated for speed (tests validate every figure with go.Figure(fig.to_dict())).
     return go.Figure({"data": data, "layout": layout}, _validate=False)
 
 
 # Toolbar buttons with no use on these charts (selections, stepwise zoom); each was a Tab stop for keyboard users, 9
-# per chart before. Kept: download, zoom, pan, reset.
+# per chart before. Kept: download, zoom, pan, reset; upright at the right edge, where on a phone (always shown there)
+# it covers no part of the title.
 MODEBAR_REMOVE = ["select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d"]
 LEGEND_ROW_PX, LEGEND_TOP_PX = 20, 52  # one legend row; the legend's top below the plot area (under the axis title)
 LEGEND_WIDTH_PX = 400  # what a row holds in the playground's half-width plots (the widest layout's narrowest case)

@@ -95,9 +95,12 @@ def inspector_html(run: RunState | list, block: int | None = None) -> str:
     if not blocks:
         return PLACEHOLDER
     info = blocks.get(block) if block else None
+    # A block asked for that this point of the run has not reached (scrubbing back in a replay): say so, show the latest.
+    ahead = (f'<p class="insp-note">Block {attr(block)} is not reached at this point of the run; showing the latest.</p>'
+             if block and info is None else "")
     if info is None:
         info = blocks[state.latest_block]
-    summary = f'<p class="insp-summary" aria-live="polite">{attr(block_summary(info))}</p>'
+    summary = f'{ahead}<p class="insp-summary" aria-live="polite">{attr(block_summary(info))}</p>'
     size = info.size
     ctrl = f'<p class="insp-ctrl">Controller: block size {attr(size.size)} — {attr(size.reason)}</p>' if size else ""
     if info.block == 0 or (info.verify is None and not info.steps):

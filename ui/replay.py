@@ -162,7 +162,7 @@ def frame_label(events: list, frame: int) -> str:
 def describe_frame(e: ev.Event, frame: int, n_frames: int, source: str = ev.DRAFT) -> str:
     """The sentence under the replay slider for frame `frame` (0-based) of `n_frames`, which ends at event `e`
     (`source`: who proposed the block of `e`, drafted or copied from the context)."""
-    head = f"Frame {frame + 1}/{n_frames}: "
+    head = f"Frame {frame}/{n_frames - 1}: "  # as the Frame slider counts: 0 = the request starts
     if isinstance(e, ev.Started):
         return head + "the request starts (prompt only)"
     if isinstance(e, ev.DraftStep):

@@ -124,7 +124,9 @@ NUMBERS = """### What the numbers mean
 - **speedup** — this run's tokens/s divided by the **same engine without a draft** on the same prompt and
   settings (one token per target step). Compare runs the request again and then without the draft, back to back,
   both with the page redrawn at most once a second: a live run also pays for drawing every frame, which would
-  understate DFlash. After Compare, *tokens / s* shows that timed run's rate. On a small CPU model a block verify
+  understate DFlash. The comparison shows that timed run's rate (*run tokens / s (timed)*) beside the baseline's;
+  the statistics above switch to the timed run too, except for a run you stopped (or whose repeat came out
+  different), which stays as it was with its own live rate. On a small CPU model a block verify
   costs more than a single step, so speedups here are smaller than on a GPU.
 - **identical ✓** — with the acceptance threshold at 1.0 the output must equal the baseline's token for token;
   a lossy threshold may change it, and the first differing position is shown.

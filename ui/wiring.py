@@ -9,6 +9,7 @@ view and output names of `OUT_KEYS`, the control names of `CONTROL_KEYS`, and th
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -76,18 +77,19 @@ def fit_block_range(moved: str, size: Any, lo: Any, hi: Any) -> tuple:
     """(block size, min, max block size) after the user moved `moved` ("block_size", "min_block" or "max_block"):
     the other two follow so that min <= block size <= max still holds, where a request outside it is refused (the
     defaults tie the max to the draft's block size, so moving the block size past it would be an error otherwise).
-    gr.skip() for a value that stays; all three when one is not a whole number in [1, MAX_BLOCK_SIZE] (the request
-    then names it)."""
+    A value typed past the sliders' ends is taken as the end it passed, as Gradio's box shows it after it loses focus
+    (and sends it at Generate). gr.skip() for a value that stays; all three when one is not a number (an empty box:
+    the request then names it)."""
     try:
-        values = tuple(int(v) for v in (size, lo, hi) if float(v).is_integer() and 1 <= float(v) <= MAX_BLOCK_SIZE)
+        raw = tuple(float(v) for v in (size, lo, hi))
     except (TypeError, ValueError, OverflowError):
-        values = ()
-    if len(values) < 3:
         return (gr.skip(),) * 3
-    size, lo, hi = values
+    if not all(math.isfinite(v) for v in raw):
+        return (gr.skip(),) * 3
+    size, lo, hi = (min(max(round(v), 1), MAX_BLOCK_SIZE) for v in raw)
     new = {"block_size": (size, min(lo, size), max(hi, size)), "min_block": (max(size, lo), lo, max(hi, lo)),
            "max_block": (min(size, hi), min(lo, hi), hi)}[moved]
-    return tuple(gr.skip() if n == o else n for n, o in zip(new, values))
+    return tuple(gr.skip() if n == o else n for n, o in zip(new, raw))
 
 
 def wire(demo: gr.Blocks, pg: Playground, ui: dict[str, Any], initial: dict[str, Any]) -> Any:

@@ -209,6 +209,9 @@ def test_on_a_phone_the_charts_and_statistics_take_the_whole_width(app, browser)
         (bl, hist, pos, thr), (stats, compare) = boxes[:4], boxes[4:]
         assert (hist["y"] == bl["y"] and hist["x"] > bl["x"] + bl["width"] - 1) == side_by_side
         assert (compare["y"] == stats["y"]) == side_by_side  # the button beside the statistics, or under them
+        for chart in charts:  # the toolbar (always shown on a touch screen) covered the end of every title on a phone
+            bar, title = page.locator(f"{chart} .modebar").bounding_box(), page.locator(f"{chart} .gtitle").bounding_box()
+            assert bar["x"] >= title["x"] + title["width"] or bar["y"] >= title["y"] + title["height"], (width, chart)
         if not side_by_side:
             assert len({round(b["x"]) for b in (bl, hist, pos, thr)}) == 1 and bl["y"] < hist["y"] < pos["y"] < thr["y"]
             assert all(b["width"] >= 0.8 * 400 for b in (bl, hist, pos, thr, stats))

@@ -143,7 +143,7 @@ def test_the_step_and_block_sliders_follow_the_keyboard(app, browser):
     box = page.locator("#replay-step input[type=number]")
     box.fill("0")
     box.press("Enter")
-    expect(page.locator("#replay-label")).to_contain_text("Frame 1/")
+    expect(page.locator("#replay-label")).to_contain_text("Frame 0/")
     page.locator("#replay-step input[type=range]").press("End")
     expect(page.locator("#replay-label")).to_contain_text("finished")
     page.locator("#inspect-block input[type=range]").press("ArrowRight")  # from 0 (the latest) to block 1
