@@ -167,6 +167,15 @@ def test_bad_parameters_come_back_as_clear_errors(app, over, message):
     assert "Traceback" not in text and "/work" not in text and ".py" not in text
 
 
+def test_a_refused_request_says_so_on_the_status_line(app):
+    """The status line kept the previous run's words under Gradio's "Error" badge, as if that run had failed."""
+    app.client.predict(*args(max_new_tokens=4), api_name="/generate")
+    job = app.client.submit(*args(block_size=999), api_name="/generate")
+    with pytest.raises(AppError, match="Block size: must be in"):
+        job.result(timeout=120)
+    assert named(job.outputs()[-1])["status"].startswith("**Not started:**")
+
+
 def test_stop_cancels_the_run_and_frees_the_engine(app):
     job = app.client.submit(*args(max_new_tokens=400), api_name="/generate")  # the tiny model has 512 positions
     deadline = time.monotonic() + 300
@@ -319,7 +328,7 @@ def test_compare_with_autoregressive_shows_speedup_and_identical_output(app):
     assert not trace.baseline[0].has_draft
     assert len(json.loads(final["throughput"]["plot"])["data"]) == 2
     row = final["history_table"]["data"][-1]
-    assert row[-1] == "✓" and row[-2] != ""
+    assert row[-1] == "✓" and row[-2].endswith("×") and float(row[-2][:-1]) > 0  # "1.00×": a bare 1 read as a count
 
 
 def test_compare_times_the_run_again_beside_the_baseline(app, monkeypatch):

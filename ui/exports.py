@@ -99,4 +99,9 @@ def with_comparison(history: list | None, run_id: int, comp: dict, events: list 
 
 
 def history_table(history: list) -> list[list[Any]]:
-    return [[r.get(c, "") for c in HISTORY_COLUMNS] for r in history]
+    """The rows as the table shows them: a speedup as "1.00×" (a bare 1 read as a count); the CSV keeps numbers."""
+    return [[_shown(c, r.get(c, "")) for c in HISTORY_COLUMNS] for r in history]
+
+
+def _shown(column: str, value: Any) -> Any:
+    return f"{value:.2f}×" if column == "speedup" and isinstance(value, (int, float)) and not isinstance(value, bool) else value

@@ -44,13 +44,25 @@ def _errors(fn: Callable[..., Any]) -> Any:
         raise gr.Error(GENERIC_ERROR, print_exception=False) from None
 
 
-def _stream_errors(gen: Iterator[Any]) -> Iterator[Any]:
-    it = iter(gen)
+# The status line of a request refused before it ran (the toast says why): it showed the previous run's status under
+# an "Error" badge, as if that run had failed.
+NOT_STARTED = "**Not started:** the request was refused (see the message)."
+
+
+def _stream_errors(gen: Iterator[Any], status: bool = False) -> Iterator[Any]:
+    """`gen`'s items, its errors as `_errors` raises them; with `status`, one refused before its first item first
+    replaces the status line (NOT_STARTED)."""
+    it, started = iter(gen), False
     while True:
         try:
             item = _errors(lambda: next(it))
         except StopIteration:
             return
+        except gr.Error:
+            if status and not started:
+                yield {"status": NOT_STARTED}
+            raise
+        started = True
         yield item
 
 
@@ -113,11 +125,12 @@ def _wire_generation(pg: Playground, ui: dict[str, Any], outputs: list) -> Any:
     # show it on the API page.)
     def on_generate(request: gr.Request, **inputs: Any):
         history = inputs.pop("history")
-        for out in _stream_errors(pg.generate(inputs, history, request.session_hash, request.request)):
+        for out in _stream_errors(pg.generate(inputs, history, request.session_hash, request.request), status=True):
             yield pack(out)
 
     def on_compare(trace_v, history_v, show_v, request: gr.Request):
-        for out in _stream_errors(pg.compare(trace_v, history_v, bool(show_v), request.session_hash, request.request)):
+        runs = pg.compare(trace_v, history_v, bool(show_v), request.session_hash, request.request)
+        for out in _stream_errors(runs, status=True):
             yield pack(out)
 
     def admit(request: gr.Request, *values: Any, **named: Any) -> list:
