@@ -104,6 +104,6 @@ def live_status(events: list, what: str = "Generating") -> str:
 def final_status(events: list) -> str:
     fin = render.finished(events)
     s = render.run_stats(events)
-    rates = (f" · τ {s['tau']:.2f}" if s["n_verify"] else "") + (
-        f" · {s['tokens_per_s']:.1f} tok/s" if s["n_output_tokens"] > 1 else "")  # undefined for a 1-token run
+    rates = (f" · τ {s['tau']:.2f}" if render.above(s["n_verify"], 0) else "") + (
+        f" · {s['tokens_per_s']:.1f} tok/s" if render.above(s["n_output_tokens"], 1) else "")  # undefined: 1 token
     return f"**{render.finish_words(fin)}** {render.count(s['n_output_tokens'], 'token')} in {s['total_ms'] / 1000:.1f} s{rates}"

@@ -256,6 +256,12 @@ def finish_words(fin: ev.Finished | None) -> str:
     return f"Finished ({fin.reason}): {words}{extra}."
 
 
+def above(value: object, n: int) -> bool:
+    """A count from a run's statistics above n: whether τ (n_verify > 0), a decode rate (n_output_tokens > 1) or a time
+    to first token (> 0) is defined. A loaded trace's statistics are shown whatever they hold, so not a number: False."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > n
+
+
 def run_stats(run: RunState | list) -> dict:
     """The run's statistics: Finished.stats when the run is over, else computed from the events so far."""
     fin = finished(run)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dflash import events as ev
 from dflash.stats import TIE_BOUND, diagnose_difference, output_gaps
-from ui.render import attr, finished, run_stats
+from ui.render import above, attr, finished, run_stats
 from ui.run_state import RunState, as_state
 
 
@@ -60,12 +60,12 @@ def stats_html(run: RunState | list, compare: dict | None = None, hardware: str 
     st = state.started
     draft_share = s["draft_share"] * 100
     items = [
-        ("τ (tokens per target step)", f"{s['tau']:.2f}" if _more_than(s["n_verify"], 0) else "–",
+        ("τ (tokens per target step)", f"{s['tau']:.2f}" if above(s["n_verify"], 0) else "–",
          "Mean tokens committed per verify step, bonus/correction token included. 1.00 = no gain. (– : the run ended "
          "with the prompt's own token, before any verify step.)"),
-        ("tokens / s", f"{s['tokens_per_s']:.1f}" if _more_than(s["n_output_tokens"], 1) else "–",
+        ("tokens / s", f"{s['tokens_per_s']:.1f}" if above(s["n_output_tokens"], 1) else "–",
          "Decode speed after the first token (– : no token after the first)."),
-        ("time to first token", f"{s['ttft_ms']:.0f} ms" if _more_than(s["n_output_tokens"], 0) else "–",
+        ("time to first token", f"{s['ttft_ms']:.0f} ms" if above(s["n_output_tokens"], 0) else "–",
          "Prompt prefill + the first token."),
         ("draft / verify time", f"{draft_share:.0f}% / {100 - draft_share:.0f}%" if s["verify_ms"] else "–",
          f"draft {s['draft_ms']:.0f} ms, verify {s['verify_ms']:.0f} ms in total"),
@@ -103,11 +103,6 @@ def stats_html(run: RunState | list, compare: dict | None = None, hardware: str 
             f'data-n-verify="{attr(s["n_verify"])}" data-reason="{attr(fin.reason if fin else "running")}"></span>')
     return (f'<div class="dfl-stats"><div class="stat-grid">{cells}</div><div class="badges">{"".join(badges)}</div>'
             f'{comp}{hw}{data}</div>')
-
-
-def _more_than(value: object, n: int) -> bool:
-    """A count from the run's statistics above n (a loaded trace's statistics are shown as text, whatever they hold)."""
-    return isinstance(value, (int, float)) and value > n
 
 
 def _run_rate(compare: dict) -> str:
