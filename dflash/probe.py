@@ -20,10 +20,11 @@ from torch import nn
 from dflash.adaptive import PRIOR_ALPHA, expected_tokens
 from dflash.packed import LAYOUTS
 
-PROBE_VERSION = 8  # 2: fewer threads for the leading dtype only; 3: layouts interleaved, fastest rep; 4: 64-token context;
+PROBE_VERSION = 9  # 2: fewer threads for the leading dtype only; 3: layouts interleaved, fastest rep; 4: 64-token context;
 # 5: scored by expected ms per token (pair or block verify), slow candidates dropped after one timing; 6: dtypes
 # interleaved too, a context cast from float32's, fewer threads dropped like the rest, float32 matmuls for prefills;
-# 7: warm-ups of one token, the low-precision copy cast while copying; 8: the leader's thread counts interleaved, a warm-up
+# 7: warm-ups of one token, the low-precision copy cast while copying; 8: the leader's thread counts interleaved, a
+# warm-up; 9: a verify far behind the other (pair or block) timed once
 CONTEXT = 64  # tokens in the KV cache while timing (a longer one costs its prefill in every dtype, bfloat16's slow)
 REPS = 2  # timed forwards per shape and candidate (the fastest is kept), after one warm-up
 THREAD_REPS = 3  # the same for the leader's thread counts, timed against each other (see `_thread_rows`)
@@ -38,6 +39,11 @@ MATMUL_ROWS = 64  # rows of the product that decides it: a short chat prompt
 SLOW = 1.5  # a candidate this many times slower than the leader at its first timing is not timed again (the same
 # candidate's fastest time varied by up to 1.3x between five probes of one AVX2-only VM in an hour, so a close call is
 # still timed in full)
+SLOW_SIZE = 2.0  # of a pair and the block, a verify whose first timing costs this many times the other's per expected
+# token is not timed again: `score_ms` takes the cheaper one. On an AVX2-only EPYC bfloat16's block of 8 cost 2.2x
+# its pair per token; not timing it again at every rep and thread count took a probe there from 11-15 s to 7-10 s
+# (scratch A/B, 2 runs each). Wider than SLOW: a size's first timing may carry first-call costs that the one-token
+# warm-up did not take
 
 
 def forward_ms(target, cache, n_tokens: int, gen: torch.Generator) -> float:
@@ -76,17 +82,19 @@ def _measure(variants: dict, block: int, bound: float = math.inf, reps: int = RE
     A variant that cannot win is not timed further (it would only lengthen a first start): in its first timed rep,
     once its `lower_bound` exceeds SLOW times the leader's score so far (or `bound`, a leader timed before), its
     remaining sizes are skipped (their times are None, its score is that bound, `partial` says so); after that rep,
-    a variant scoring SLOW times the leader is not timed again."""
+    a variant scoring SLOW times the leader is not timed again, and of the rest only the sizes that can still decide
+    their score (`deciding_sizes`)."""
     sizes = sorted({1, 2, block}) if block > 1 else [1]
     gen = torch.Generator().manual_seed(block)
     times: dict = {(v, n): [] for v in variants for n in sizes}
     live, lead, first_score = dict(variants), bound, {}
+    timing = {name: sizes for name in variants}  # the sizes each variant is still timed at
     for rep in range(reps + 1):
         for i, (name, put) in enumerate(live.items()):
             if rep == 0 and i:  # rep 0 warms up thread pools and allocator once, with its cheapest forward; a
                 continue  # variant's first timing may still carry its own first-call costs, which the minimum discards
             target, cache = put()
-            for n in sizes if rep else sizes[:1]:
+            for n in timing[name] if rep else sizes[:1]:
                 ms = forward_ms(target, cache, n, gen)
                 if rep:
                     times[(name, n)].append(ms)
@@ -98,7 +106,18 @@ def _measure(variants: dict, block: int, bound: float = math.inf, reps: int = RE
                 lead = min(lead, first_score[name])
         if rep == 1:
             live = {v: put for v, put in live.items() if first_score.get(v, math.inf) <= SLOW * lead}
+            timing = {v: deciding_sizes({n: times[(v, n)][0] for n in sizes}, block) for v in live}
     return {name: _timing({n: min(times[(name, n)]) for n in sizes if times[(name, n)]}, sizes, block) for name in variants}
+
+
+def deciding_sizes(first: dict[int, float], block: int) -> list[int]:
+    """The sizes worth timing again after the first timings `first` (ms by token count): the one-token step, and of
+    the pair and the block each one within SLOW_SIZE of the other's ms per expected token (see `score_ms`)."""
+    sizes = sorted(first)
+    if block <= 2:
+        return sizes
+    per_token = {n: first[n] / expected_tokens([PRIOR_ALPHA] * (n - 1)) for n in (2, block)}
+    return [n for n in sizes if n == 1 or per_token[n] <= SLOW_SIZE * min(per_token.values())]
 
 
 def _timing(ms: dict[int, float], sizes: list[int], block: int) -> dict:

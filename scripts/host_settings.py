@@ -275,8 +275,14 @@ def table() -> None:
         "first warms up (1 s of one-token forwards: right after a load, a step ran up to 2× slower for about a "
         "second, so the candidates timed first lost) and times the leader's thread counts against each other, "
         "interleaved (timed one after the other, a near tie went to whichever met a quieter moment: version 7 chose "
-        "1 thread on the AVX512_BF16 EPYC, where generation ran faster with 2). This VM's speed also varied by "
-        "hour (a shared host): compare ratios within one run, not absolute times across runs.",
+        "1 thread on the AVX512_BF16 EPYC, where generation ran faster with 2). From version 9 on, of the pair and "
+        "the block, a verify whose first timing costs twice the other's per expected token is not timed again (it "
+        "cannot decide the score; on the AVX2-only EPYC, bfloat16's block of 8, the slowest forward the probe "
+        "times). This VM's speed also varied by hour (a shared host): compare ratios within one run, not absolute "
+        "times across runs. A probe's few seconds can also meet a moment that favours another setting than the "
+        "minutes of a generation do: the AVX2-only EPYC's latest probe scored float32 and bfloat16 at 2 threads "
+        "nearly alike and chose float32, while `ar` and DFlash then ran faster in bfloat16 (its rows above); "
+        "`DFLASH_PROBE=refresh` measures again, `--dtype` fixes the choice.",
         END,
     ])
     path = ROOT / "BENCHMARKS.md"

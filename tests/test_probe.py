@@ -21,9 +21,10 @@ def test_the_score_is_expected_ms_per_token_at_the_cheaper_of_a_pair_and_the_blo
     assert best == {"amd": "bfloat16", "intel": "float32"}  # what each host's DFlash runs were fastest in
 
 
-def _variants(monkeypatch, scale: dict[str, float]):
+def _variants(monkeypatch, scale: dict[str, float], size_scale: dict[int, float] | None = None):
     """Variants of one real tiny target whose forward times are scaled by `scale[name]` (what a bad layout or dtype
-    costs on some CPUs), so that the schedule, not the machine, decides; and the (variant, tokens) timed, in order."""
+    costs on some CPUs) and a forward of n tokens by `size_scale[n]` too, so that the schedule, not the machine,
+    decides; and the (variant, tokens) timed, in order."""
     target = tiny_target("llama", seed=0)
     cache = target.new_cache()
     target.forward(torch.arange(probe.CONTEXT)[None] % target.vocab_size, cache, last_only=True, capture=False)
@@ -32,7 +33,7 @@ def _variants(monkeypatch, scale: dict[str, float]):
 
     def fake(target, cache, n, gen):
         timed.append((state["variant"], n))
-        return real(target, cache, n, gen) * scale[state["variant"]]
+        return real(target, cache, n, gen) * scale[state["variant"]] * (size_scale or {}).get(n, 1.0)
 
     monkeypatch.setattr(probe, "forward_ms", fake)
 
@@ -55,6 +56,24 @@ def test_a_candidate_that_cannot_win_is_dropped_at_its_first_timing(monkeypatch)
     assert out["slow"]["partial"] and out["slow"]["verify2_ms"] is None and out["slow"]["verify_ms"] is None
     assert out["slow"]["score_ms"] > probe.SLOW * out["fast"]["score_ms"]  # a lower bound, still far behind
     assert "partial" not in out["fast"] and out["fast"]["verify2_ms"] > 0
+
+
+def test_only_the_verify_that_can_decide_the_score_is_timed_again():
+    # Forward ms by token count at 2 threads, one probe on an AVX2-only AMD EPYC: bfloat16's block of 8 costs 2.2x its
+    # pair per expected token, float32's about the same as its pair; and a made-up host where the pair is the slow one.
+    assert probe.deciding_sizes({1: 104, 2: 170, 8: 505}, 8) == [1, 2]
+    assert probe.deciding_sizes({1: 106, 2: 158, 8: 236}, 8) == [1, 2, 8]
+    assert probe.deciding_sizes({1: 50, 2: 200, 8: 100}, 8) == [1, 8]
+    assert probe.deciding_sizes({1: 50, 2: 500}, 2) == [1, 2]  # a block of 2 is the pair: nothing to choose
+
+
+def test_a_block_far_behind_its_pair_is_timed_once_and_scores_nothing(monkeypatch):
+    variants, timed = _variants(monkeypatch, {"slow block": 1.0}, size_scale={8: 40.0})
+    out = probe._measure(variants, 8)
+    assert [n for _, n in timed] == [1] + [1, 2, 8] + [1, 2] * (probe.REPS - 1)  # warm-up, one full rep, then no block
+    row = out["slow block"]
+    assert "partial" not in row and row["verify_ms"] > 0  # its one timing is reported
+    assert row["score_ms"] == pytest.approx(row["verify2_ms"] / 1.5, abs=0.01)  # the pair decides the score, as before
 
 
 def test_a_leader_timed_before_bounds_a_later_candidate(monkeypatch):
