@@ -24,7 +24,7 @@ PROBE_VERSION = 9  # 2: fewer threads for the leading dtype only; 3: layouts int
 # 5: scored by expected ms per token (pair or block verify), slow candidates dropped after one timing; 6: dtypes
 # interleaved too, a context cast from float32's, fewer threads dropped like the rest, float32 matmuls for prefills;
 # 7: warm-ups of one token, the low-precision copy cast while copying; 8: the leader's thread counts interleaved, a
-# warm-up; 9: a verify far behind the other (pair or block) timed once
+# warm-up; 9: fewer threads not timed at a verify the leader timed far behind the other (pair or block)
 CONTEXT = 64  # tokens in the KV cache while timing (a longer one costs its prefill in every dtype, bfloat16's slow)
 REPS = 2  # timed forwards per shape and candidate (the fastest is kept), after one warm-up
 THREAD_REPS = 3  # the same for the leader's thread counts, timed against each other (see `_thread_rows`)
@@ -39,11 +39,11 @@ MATMUL_ROWS = 64  # rows of the product that decides it: a short chat prompt
 SLOW = 1.5  # a candidate this many times slower than the leader at its first timing is not timed again (the same
 # candidate's fastest time varied by up to 1.3x between five probes of one AVX2-only VM in an hour, so a close call is
 # still timed in full)
-SLOW_SIZE = 2.0  # of a pair and the block, a verify whose first timing costs this many times the other's per expected
-# token is not timed again: `score_ms` takes the cheaper one. On an AVX2-only EPYC bfloat16's block of 8 cost 2.2x
-# its pair per token; not timing it again at every rep and thread count took a probe there from 11-15 s to 7-10 s
-# (scratch A/B, 2 runs each). Wider than SLOW: a size's first timing may carry first-call costs that the one-token
-# warm-up did not take
+SLOW_SIZE = 2.0  # of a pair and the block, a verify the leader's timings put this many times behind the other per
+# expected token is not timed at fewer threads: `score_ms` takes the cheaper one. On an AVX2-only EPYC bfloat16's block
+# of 8 cost 2.2x its pair per token and 500 ms a forward, timed at 2 thread counts x 3 reps: ~3 s of a 11-15 s probe.
+# Decided from the leader's fastest of REPS timings, not from one first timing: a shape's first forward can cost
+# 2-5x its later ones
 
 
 def forward_ms(target, cache, n_tokens: int, gen: torch.Generator) -> float:
@@ -64,7 +64,7 @@ def score_ms(ms: dict[int, float], block: int) -> float:
     makes of it. The draft's own pass is left out, small beside a verify (a few % of a block on the default models)."""
     if block == 1:
         return ms[1]
-    return min(ms[n] / expected_tokens([PRIOR_ALPHA] * (n - 1)) for n in {2, block})
+    return min(ms[n] / expected_tokens([PRIOR_ALPHA] * (n - 1)) for n in {2, block} if n in ms)  # `verifies` timed
 
 
 def lower_bound(ms: dict[int, float], sizes: list[int], block: int) -> float:
@@ -73,28 +73,27 @@ def lower_bound(ms: dict[int, float], sizes: list[int], block: int) -> float:
     return score_ms({n: ms.get(n, ms[1]) for n in sizes}, block)
 
 
-def _measure(variants: dict, block: int, bound: float = math.inf, reps: int = REPS) -> dict:
+def _measure(variants: dict, block: int, reps: int = REPS, verifies: list[int] | None = None) -> dict:
     """The fastest of `reps` timings (after one warm-up) of one cached forward of 1, 2 and `block` tokens (1 only
     without a draft) for each of `variants` (name → a function that puts that variant in place and returns its
     (target, cache)), with its score (`score_ms`), by variant name. Interleaved, so a slow moment of a shared machine
     hits every variant alike; the minimum, because such moments only add time.
 
     A variant that cannot win is not timed further (it would only lengthen a first start): in its first timed rep,
-    once its `lower_bound` exceeds SLOW times the leader's score so far (or `bound`, a leader timed before), its
+    once its `lower_bound` exceeds SLOW times the leader's score so far, its
     remaining sizes are skipped (their times are None, its score is that bound, `partial` says so); after that rep,
-    a variant scoring SLOW times the leader is not timed again, and of the rest only the sizes that can still decide
-    their score (`deciding_sizes`)."""
-    sizes = sorted({1, 2, block}) if block > 1 else [1]
+    a variant scoring SLOW times the leader is not timed again. `verifies`: time only these of the pair and the
+    block (`deciding_sizes`; the score is the cheaper of those timed)."""
+    sizes = [n for n in (sorted({1, 2, block}) if block > 1 else [1]) if n == 1 or verifies is None or n in verifies]
     gen = torch.Generator().manual_seed(block)
     times: dict = {(v, n): [] for v in variants for n in sizes}
-    live, lead, first_score = dict(variants), bound, {}
-    timing = {name: sizes for name in variants}  # the sizes each variant is still timed at
+    live, lead, first_score = dict(variants), math.inf, {}
     for rep in range(reps + 1):
         for i, (name, put) in enumerate(live.items()):
             if rep == 0 and i:  # rep 0 warms up thread pools and allocator once, with its cheapest forward; a
                 continue  # variant's first timing may still carry its own first-call costs, which the minimum discards
             target, cache = put()
-            for n in timing[name] if rep else sizes[:1]:
+            for n in sizes if rep else sizes[:1]:
                 ms = forward_ms(target, cache, n, gen)
                 if rep:
                     times[(name, n)].append(ms)
@@ -106,18 +105,18 @@ def _measure(variants: dict, block: int, bound: float = math.inf, reps: int = RE
                 lead = min(lead, first_score[name])
         if rep == 1:
             live = {v: put for v, put in live.items() if first_score.get(v, math.inf) <= SLOW * lead}
-            timing = {v: deciding_sizes({n: times[(v, n)][0] for n in sizes}, block) for v in live}
     return {name: _timing({n: min(times[(name, n)]) for n in sizes if times[(name, n)]}, sizes, block) for name in variants}
 
 
-def deciding_sizes(first: dict[int, float], block: int) -> list[int]:
-    """The sizes worth timing again after the first timings `first` (ms by token count): the one-token step, and of
-    the pair and the block each one within SLOW_SIZE of the other's ms per expected token (see `score_ms`)."""
-    sizes = sorted(first)
+def deciding_sizes(ms: dict[int, float], block: int) -> list[int]:
+    """The sizes worth timing again after the timings `ms` (ms by token count: 1, 2 and `block`): the one-token
+    step, and of the pair and the block each one within SLOW_SIZE of the other's ms per expected token (`score_ms`)."""
+    sizes = sorted(ms)
     if block <= 2:
         return sizes
-    per_token = {n: first[n] / expected_tokens([PRIOR_ALPHA] * (n - 1)) for n in (2, block)}
-    return [n for n in sizes if n == 1 or per_token[n] <= SLOW_SIZE * min(per_token.values())]
+    per_token = {n: ms[n] / expected_tokens([PRIOR_ALPHA] * (n - 1)) for n in (2, block)}
+    far = max(per_token, key=per_token.get)  # the costlier per token: dropped if far behind the other
+    return [n for n in sizes if n != far or per_token[far] <= SLOW_SIZE * per_token[min(per_token, key=per_token.get)]]
 
 
 def _timing(ms: dict[int, float], sizes: list[int], block: int) -> dict:
@@ -193,11 +192,14 @@ def _thread_rows(rows: list[dict], lead: dict, prepared: tuple, block: int, thre
         torch.set_num_threads(n)
         return prepared
 
-    timed = _measure({n: partial(at, n) for n in threads}, block, reps=THREAD_REPS)
+    lead_ms = {1: lead["step_ms"], 2: lead["verify2_ms"], block: lead["verify_ms"]}
+    verifies = deciding_sizes(lead_ms, block) if block > 2 else None  # a verify far behind: not timed again
+    timed = _measure({n: partial(at, n) for n in threads}, block, reps=THREAD_REPS, verifies=verifies)
     again = [{"dtype": lead["dtype"], "threads": n, "layout": lead["layout"], **timed[n]} for n in threads]
     # Its layouts were compared at the most threads, and its score there made it the leader (kept: the new timing
-    # may well put another dtype ahead, which is then the choice).
-    again[0].update(other_layout_score_ms=lead["other_layout_score_ms"], lead_score_ms=lead["score_ms"])
+    # may well put another dtype ahead, which is then the choice); so was a verify not timed again (far behind).
+    again[0].update(other_layout_score_ms=lead["other_layout_score_ms"], lead_score_ms=lead["score_ms"],
+                    verify_ms=again[0]["verify_ms"] if again[0]["verify_ms"] is not None else lead["verify_ms"])
     return [again[0] if r is lead else r for r in rows] + again[1:]
 
 

@@ -196,8 +196,8 @@ def test_the_leaders_thread_counts_are_timed_against_each_other(monkeypatch):
     monkeypatch.setattr(probe, "forward_ms", lambda *a: seen.append(torch.get_num_threads()) or real(*a))
     monkeypatch.setattr(probe, "SLOW", math.inf)  # no count dropped mid-timing: every rep times both
     before = torch.get_num_threads()
-    lead = {"dtype": "float32", "threads": 2, "layout": "linear", "step_ms": -1.0, "verify2_ms": -1.0, "verify_ms": -1.0,
-            "score_ms": -1.0, "other_layout_score_ms": 0.9}  # -1: no timing can produce it
+    lead = {"dtype": "float32", "threads": 2, "layout": "linear", "step_ms": 1e9, "verify2_ms": 1e9, "verify_ms": 1e9,
+            "score_ms": 1e9, "other_layout_score_ms": 0.9}  # 1e9 ms: no timing of a tiny model comes close
     other = {**lead, "dtype": "bfloat16", "score_ms": 0.7}
     try:
         rows = probe._thread_rows([lead, other], lead, probe._prepared(model, ["float32"])["float32"], 4, [2, 1])
@@ -207,8 +207,8 @@ def test_the_leaders_thread_counts_are_timed_against_each_other(monkeypatch):
     assert per_rep == [2, 1] * probe.THREAD_REPS and len(seen) == 1 + 3 * 2 * probe.THREAD_REPS
     assert [(r["dtype"], r["threads"]) for r in rows] == [("float32", 2), ("bfloat16", 2), ("float32", 1)]
     assert rows[1] is other and rows[0]["other_layout_score_ms"] == 0.9 and "other_layout_score_ms" not in rows[2]
-    assert rows[0]["lead_score_ms"] == -1.0 and "lead_score_ms" not in rows[2]
-    assert all(r["score_ms"] > 0 and r["step_ms"] > 0 for r in (rows[0], rows[2]))  # the leader's row was re-timed
+    assert rows[0]["lead_score_ms"] == 1e9 and "lead_score_ms" not in rows[2]
+    assert all(r["score_ms"] < 1e9 and r["step_ms"] < 1e9 for r in (rows[0], rows[2]))  # the leader's row was re-timed
 
 
 def test_the_cache_keeps_this_machines_newest_choices(tmp_path):

@@ -3,6 +3,8 @@ cannot win; dflash.host (tests/test_host.py) caches what it finds."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from conftest import tiny_target
@@ -67,21 +69,24 @@ def test_only_the_verify_that_can_decide_the_score_is_timed_again():
     assert probe.deciding_sizes({1: 50, 2: 500}, 2) == [1, 2]  # a block of 2 is the pair: nothing to choose
 
 
-def test_a_block_far_behind_its_pair_is_timed_once_and_scores_nothing(monkeypatch):
-    variants, timed = _variants(monkeypatch, {"slow block": 1.0}, size_scale={8: 40.0})
-    out = probe._measure(variants, 8)
-    assert [n for _, n in timed] == [1] + [1, 2, 8] + [1, 2] * (probe.REPS - 1)  # warm-up, one full rep, then no block
-    row = out["slow block"]
-    assert "partial" not in row and row["verify_ms"] > 0  # its one timing is reported
-    assert row["score_ms"] == pytest.approx(row["verify2_ms"] / 1.5, abs=0.01)  # the pair decides the score, as before
-
-
-def test_a_leader_timed_before_bounds_a_later_candidate(monkeypatch):
-    variants, timed = _variants(monkeypatch, {"one thread": 50.0})
-    out = probe._measure(variants, 4, bound=1e-3)  # a leader scoring 1 µs: nothing real comes close
-    assert [n for _, n in timed] == [1, 1] and out["one thread"]["partial"]  # warm-up, then one step
-    variants, timed = _variants(monkeypatch, {"one thread": 1.0})
-    assert "partial" not in probe._measure(variants, 4, bound=1e9)["one thread"] and len(timed) == 1 + 3 * probe.REPS
+def test_fewer_threads_are_not_timed_at_a_block_the_leader_timed_far_behind_its_pair(monkeypatch):
+    target = tiny_target("llama", seed=0)
+    cache = target.new_cache()
+    target.forward(torch.arange(probe.CONTEXT)[None] % target.vocab_size, cache, last_only=True, capture=False)
+    sizes, real = [], probe.forward_ms
+    monkeypatch.setattr(probe, "forward_ms", lambda t, c, n, g: (sizes.append(n), real(t, c, n, g))[1])
+    monkeypatch.setattr(probe, "SLOW", math.inf)  # no thread count dropped mid-timing: every rep times both
+    # The AVX2-only EPYC's bfloat16 leader (ms at 2 threads): its block of 8 costs 2.2x its pair per expected token.
+    lead = {"dtype": "bfloat16", "threads": 2, "layout": "linear", "step_ms": 104.0, "verify2_ms": 170.0,
+            "verify_ms": 505.0, "score_ms": 113.3, "other_layout_score_ms": 166.6}
+    rows = probe._thread_rows([lead], lead, (target, cache), 8, [2, 1])
+    assert set(sizes) == {1, 2} and len(sizes) == 1 + 2 * 2 * probe.THREAD_REPS  # a warm-up, then step and pair
+    assert [r["threads"] for r in rows] == [2, 1] and "partial" not in rows[1]
+    assert rows[0]["verify_ms"] == 505.0 and rows[1]["verify_ms"] is None  # the leader keeps its block's timing
+    assert all(r["score_ms"] == pytest.approx(r["verify2_ms"] / 1.5, abs=0.01) for r in rows)  # the pair scores
+    sizes.clear()  # float32 there: its block costs about its pair per token, so it is timed at every thread count
+    probe._thread_rows([lead], {**lead, "verify2_ms": 158.0, "verify_ms": 236.0}, (target, cache), 8, [2, 1])
+    assert 8 in sizes
 
 
 def test_other_dtypes_time_on_a_context_cast_from_float32():
