@@ -184,10 +184,23 @@ def open_trace(path: str | None):
         raise DFlashError(f"--trace: cannot write {path}: {exc.strerror}") from None
 
 
+class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """--help with each option's default after its meaning, where it has one (not for a required option, a flag, or
+    one whose help says what "not given" means)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None or action.default is False else super()._get_help_string(action)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse's own errors (an unknown option, an invalid choice, a value that is not a number) in the one line our
     option errors use, `error: --option: …`, pointing to --help instead of printing the usage first. Subcommands'
     parsers are of this class too (add_subparsers makes them of the parent's class)."""
+
+    def __init__(self, *args, **kwargs):
+        # No prefixes of long options: `--conversation 3` was taken as --conversations, and an error then quoted a
+        # value under a name the user never typed.
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {message.removeprefix('argument ')} (usage: {self.prog} --help)\n")

@@ -124,6 +124,44 @@ def test_an_out_that_is_a_file_is_refused_before_the_target_loads(data_dir, tmp_
     assert out.read_text() == "keep me"
 
 
+def test_fit_and_data_refuse_each_others_directories_and_unrelated_ones(data_dir, tmp_path):
+    """--data and --out mixed up: fit wrote its run into the data directory (which then read as a draft too), and
+    data-tf its shards into a run's; a directory of other files was written into as well."""
+    data = data_dir / "data"
+    before = sorted(p.name for p in data.iterdir())
+    proc = fit_without_torch(tmp_path, str(data), data)
+    assert_option_error(proc, "--out")
+    assert "holds training data" in proc.stderr and sorted(p.name for p in data.iterdir()) == before
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    proc = fit_without_torch(tmp_path, str(data), other)
+    assert_option_error(proc, "--out")
+    assert "(notes.txt)" in proc.stderr and [p.name for p in other.iterdir()] == ["notes.txt"]
+    for stage in ("data", "data-tf"):
+        for out, says in ((data_dir / "target", "holds a model, a draft or a `train fit` run"), (other, "(notes.txt)")):
+            proc = train(stage, *NO_TARGET, "--out", str(out))
+            assert_option_error(proc, "--out")
+            assert says in proc.stderr and not list(out.glob("shard_*")) and not (out / "meta.json").exists()
+
+
+def test_a_data_directory_that_does_not_exist_says_so(tmp_path):
+    proc = fit_without_torch(tmp_path, str(tmp_path / "no-such-data"), tmp_path / "run")
+    assert_option_error(proc, "--data")
+    assert f"{tmp_path / 'no-such-data'} does not exist" in proc.stderr and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("args", [["train", "data-tf", "--out", "OUT", "--conversation", "3"],
+                                  ["generate", "--max-new", "5"]])
+def test_a_prefix_of_an_option_is_not_taken_for_it(tmp_path, args):
+    """`--conversation 3` was read as --conversations 3, and a resume's error then quoted that value."""
+    proc = subprocess.run([sys.executable, "-m", "dflash", *[str(tmp_path / "d") if a == "OUT" else a for a in args]],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"error: unrecognized arguments: {' '.join(args[-2:])}"), proc.stderr
+    assert not (tmp_path / "d").exists()
+
+
 def test_fit_help_shows_every_options_meaning_and_default():
     """26 of its 28 options had no help and showed no default."""
     from dflash.cli import build_parser
@@ -136,6 +174,20 @@ def test_fit_help_shows_every_options_meaning_and_default():
     text = " ".join(train("fit", "--help").stdout.split())
     assert "--layers LAYERS the draft's depth" in text and "(default: 2000)" in text
     assert "--draft-vocab DRAFT_VOCAB draft vocabulary" in text
+
+
+@pytest.mark.parametrize("stage", ["data", "data-tf", "eval"])
+def test_data_and_eval_help_show_every_options_meaning_and_default(stage):
+    """data-tf's --conversations (the size of a run) had no help and showed no default: a workshop could not size one."""
+    from dflash.cli import build_parser
+
+    parser = build_parser()._subparsers._group_actions[0].choices["train"]._subparsers._group_actions[0].choices[stage]
+    for action in parser._actions:
+        assert action.help, action.option_strings
+    text = " ".join(train(stage, "--help").stdout.split())
+    assert {"data": "--prompts PROMPTS number of training prompts: the size of the run (default: 2000)",
+            "data-tf": "--conversations CONVERSATIONS ShareGPT conversations read: the size of the run (default: 4000)",
+            "eval": "--limit LIMIT first N prompts of the set (>= 1) (default: 20)"}[stage] in text
 
 
 def test_a_draft_directory_that_is_no_draft_and_a_block_above_the_drafts_are_refused_before_the_target_loads(data_dir, tmp_path):

@@ -136,6 +136,10 @@ def test_the_playground_serves_the_operators_draft(tmp_path):
         started = trace.events[0]
         assert started.has_draft and started.trained_block_size == 4 and started.request["use_draft"]
         assert "Finished (length)" in final["status"] and "τ" in final["status"]
+        # The run's hardware line and its trace name the operator's draft (they said "default", read as the shipped one)
+        assert trace.meta["model"] == "default with draft my <i>draft" and str(tmp_path) not in trace.meta["hardware"]
+        assert trace.meta["hardware"].startswith("default with draft my <i>draft · CPU")
+        assert '<p class="hw">default with draft my &lt;i&gt;draft · CPU' in final["stats"]
         client.close()
     finally:
         proc.terminate()

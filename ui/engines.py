@@ -36,7 +36,7 @@ from dflash.errors import BusyError, ModelLoadError, ValidationError
 from dflash.registry import PRESETS, draft_block_size, get_preset
 from dflash.request import Request
 from ui import torch_thread
-from ui.text import NO_DRAFT_NOTICE, draft_notice, local_draft_notice
+from ui.text import NO_DRAFT_NOTICE, draft_folder, draft_notice, local_draft_notice
 
 log = logging.getLogger("dflash.ui")
 
@@ -72,6 +72,8 @@ def load_preset(name: str, default_draft: str | None = None) -> tuple[Engine, st
         raise ModelLoadError(f"preset {name!r} needs a CUDA GPU and Hugging Face hub access; this server has no GPU")
     if name == "default" and default_draft is not None:
         engine, _ = load_engine(name, draft=default_draft)
+        # Each run's hardware line and trace name the operator's draft: "default" alone reads as the shipped one.
+        engine.name = engine.target.name = f"{name} with draft {draft_folder(default_draft)}"
         return engine, local_draft_notice(default_draft)
     if name == "default" and not default_draft_available(preset.draft):
         engine, _ = load_engine(name, no_draft=True)

@@ -59,10 +59,16 @@ NO_DRAFT_NOTICE = ("**No trained draft is installed yet** (`assets/draft-smollm2
                    "the target **alone** — plain autoregressive decoding, one token per step, τ = 1. The draft controls are "
                    "ignored until the trained draft is added; the bundled traces below still show DFlash blocks.")
 
+def draft_folder(directory: str) -> str:
+    """How the page names a draft the operator chose: its folder's name only (the rest of the server's path is not
+    the visitors' business), without backticks (it goes into a code span)."""
+    return (Path(directory).resolve().name or str(directory)).replace("`", "'")
+
+
 def local_draft_notice(directory: str) -> str:
-    """The notice for a draft the operator chose (`dflash-playground --draft DIR`): its folder's name only (the rest of
-    the server's path is not the visitors' business), as a code span (no Markdown or HTML in a folder name acts)."""
-    name = (Path(directory).resolve().name or str(directory)).replace("`", "'")
+    """The notice for a draft the operator chose (`dflash-playground --draft DIR`), its name as a code span (no
+    Markdown or HTML in a folder name acts)."""
+    name = draft_folder(directory)
     return (f"**Draft: `{name}`**, chosen by this server's operator (not the shipped draft). Its τ shows in the "
             "statistics after each run; press **Compare with autoregressive** to measure its speed here.")
 

@@ -143,17 +143,60 @@ def _refusal(key: str, stored, wanted) -> ValidationError:
                                                       f"{_show(wanted)}; use the same value or another --out")
 
 
+RUN_NAMES = ("trainer_state.safetensors", "train_log.jsonl", "runs.jsonl", "config.json", "model.safetensors",
+             "draft_vocab.safetensors", "snapshots")  # what `train fit` writes in its --out (a draft: the first two of config…)
+
+
 def check_out(out: str | Path) -> None:
     """--out is a directory the run writes (made if missing): an existing file there is refused up front."""
     if Path(out).exists() and not Path(out).is_dir():
         raise ValidationError("--out", f"{out} is a file; give a directory")
 
 
+def _names(out: str | Path) -> list[str]:
+    return sorted(p.name for p in Path(out).iterdir()) if Path(out).is_dir() else []
+
+
+def _is_data(name: str) -> bool:
+    return name in ("meta.json", "meta.json.tmp") or (name.startswith("shard_") and name.endswith((".safetensors", ".tmp")))
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def check_data_out(out: str | Path) -> None:
+    """`train data`/`data-tf`'s --out: new, empty, or data those commands made. A draft or a `train fit` run (--out
+    and --data mixed up) and a directory of other files are refused before the model loads: writing shards beside
+    them would make one directory both."""
+    check_out(out)
+    names = _names(out)
+    if any(n in RUN_NAMES for n in names):
+        raise ValidationError("--out", f"{out} holds a model, a draft or a `train fit` run, not training data; give a new "
+                                       "directory")
+    if other := [n for n in names if not _is_data(n)]:
+        raise ValidationError("--out", f"{out} holds files that `train data` did not make ({_listed(other)}); give a new "
+                                       "or empty directory")
+
+
+def check_run_out(out: str | Path) -> None:
+    """`train fit`'s --out: new, empty, or a run it made (then resumed). Training data (--data and --out mixed up)
+    and a directory of other files are refused before the target loads."""
+    check_out(out)
+    names = _names(out)
+    if any(_is_data(n) for n in names):
+        raise ValidationError("--out", f"{out} holds training data (meta.json, shards), not a run; give --out a new "
+                                       "directory (the data goes to --data)")
+    if names and not any(n in RUN_NAMES for n in names):
+        raise ValidationError("--out", f"{out} holds files that `train fit` did not make ({_listed(names)}); give a new "
+                                       "or empty directory")
+
+
 def check_resume(out_dir: str | Path, settings: dict) -> None:
     """Refuse to resume `out_dir` when shards there were made with other settings (a count may only grow), or an
-    `out_dir` that is a file."""
+    `out_dir` that is not for data (`check_data_out`)."""
     out = Path(out_dir)
-    check_out(out)
+    check_data_out(out)
     if not any(out.glob("shard_*.safetensors")):
         return
     if not (out / "meta.json").is_file():

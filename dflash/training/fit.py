@@ -21,7 +21,7 @@ from dflash.draft import DFlashDraftModel, DraftConfig, load_draft, save_draft
 from dflash.errors import ModelLoadError, ValidationError
 from dflash.training.corpus import Corpus, frequent_vocab
 from dflash.training.fit_checks import STATE_NAME, check_against_data, check_resume, is_resume, stored_vocab
-from dflash.training.data_config import check_out
+from dflash.training.data_config import check_run_out
 from dflash.training.fit_config import FitConfig, corpus_fingerprint, read_data_meta
 from dflash.training.interrupt import deferred_interrupt
 from dflash.training.objective import (block_attention_mask, cosine_lr, default_gamma, on_policy_prefix, partial_mask,
@@ -56,7 +56,7 @@ class Trainer:
         from dflash.target import Target
 
         metas = read_data_meta(cfg.data)
-        check_out(cfg.out)
+        check_run_out(cfg.out)
         layer_ids = check_against_data(cfg, metas)  # bad options fail here, before the target loads
         check_resume(cfg)
         self.cfg, self.resuming = cfg, is_resume(cfg)
@@ -344,6 +344,9 @@ class Trainer:
                     self.save_snapshot()
                 if self.step % self.cfg.ckpt_every == 0 or self.step in (self.cfg.steps, self.cfg.stop_at):
                     self.save()
+        out = self.cfg.out
+        log.info("done at step %d: the draft is in %s; measure it with `python -m dflash train eval --draft %s`, watch it "
+                 "with `python app.py --draft %s`", self.step, out, out, out)
 
     def stop_here(self, start: int) -> None:
         """Ctrl-C at a step boundary: checkpoint the steps since the last one, so the same command resumes from here

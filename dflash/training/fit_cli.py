@@ -7,8 +7,9 @@ import json
 import sys
 from dataclasses import fields
 
+from dflash.cli import DefaultsHelp
 from dflash.errors import ModelLoadError, ValidationError
-from dflash.training.data_config import check_out
+from dflash.training.data_config import check_run_out
 from dflash.training.fit_config import FitConfig, read_data_meta
 
 # `train fit --help`: each option's meaning; argparse adds its default.
@@ -50,7 +51,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
             raise ValidationError("--layer-ids", f"must be comma-separated integers, got {args.layer_ids!r}") from None
     cfg = FitConfig(**kw)  # checks the options before torch is imported; the Trainer checks them against the data
     read_data_meta(cfg.data)  # a missing data directory, or one without shards, too
-    check_out(cfg.out)
+    check_run_out(cfg.out)
     from dflash.training.fit import Trainer
 
     Trainer(cfg).fit()
@@ -143,18 +144,19 @@ def add_stages(stages) -> None:
                        help=f"{FIT_HELP[fld.name]} (default: {fld.default!r})".replace("%", "%%"))
     f.add_argument("--layer-ids", help="target layers to fuse, comma-separated (default: the z-lab rule for --layers)")
     f.set_defaults(func=cmd_fit, _parser=f)
-    e = stages.add_parser("eval", help="tau / histogram / speed vs no-draft with the real loop")
-    e.add_argument("--preset", default="default")
+    e = stages.add_parser("eval", help="tau / histogram / speed vs no-draft with the real loop",
+                          formatter_class=DefaultsHelp)
+    e.add_argument("--preset", default="default", help="the registry preset whose target (and draft) to load")
     e.add_argument("--draft", help="draft directory (default: the preset's)")
     e.add_argument("--prompts", default="mt-bench", help="a set's name or FILE.jsonl, as bench's (docs/bench.md)")
     e.add_argument("--limit", type=int, default=20, help="first N prompts of the set (>= 1)")
-    e.add_argument("--max-new-tokens", type=int, default=128)
-    e.add_argument("--block-size", type=int)
-    e.add_argument("--steps", type=int, default=1)
+    e.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt, at most")
+    e.add_argument("--block-size", type=int, help="block size (default: the draft's trained one)")
+    e.add_argument("--steps", type=int, default=1, help="denoising steps per block")
     e.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: seeded sampling (lossless match rule)")
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--threads", type=int)
-    e.add_argument("--no-baseline", action="store_true")
-    e.add_argument("--quiet", action="store_true")
-    e.add_argument("--output")
+    e.add_argument("--seed", type=int, default=0, help="seed of the sampling")
+    e.add_argument("--threads", type=int, help="CPU threads (default: the host probe's choice)")
+    e.add_argument("--no-baseline", action="store_true", help="skip the no-draft runs (no speedup measured)")
+    e.add_argument("--quiet", action="store_true", help="no progress bar")
+    e.add_argument("--output", help="also write the result, with every prompt's row, to this JSON file")
     e.set_defaults(func=cmd_eval, _parser=e)

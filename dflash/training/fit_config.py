@@ -87,6 +87,9 @@ def read_data_meta(data: str) -> list[dict]:
     metas = []
     for d in data.split(","):
         path = Path(d) / "meta.json"
+        if not Path(d).is_dir():
+            raise ValidationError("--data", f"{d} {'is not a directory' if Path(d).exists() else 'does not exist'}: give "
+                                            "directories made by `train data` or `train data-tf`")
         if not path.is_file():
             raise ValidationError("--data", f"{d} has no meta.json: give directories made by `train data` or `train data-tf`")
         if not any(Path(d).glob("shard_*.safetensors")):  # a run that selected no sequence, or one stopped at once
