@@ -279,8 +279,8 @@ def table() -> None:
         "threads are not timed at a verify (the pair or the block) that its timings put twice behind the other per "
         "expected token, since it cannot decide the score (on the AVX2-only EPYC, bfloat16's block of 8, the "
         "slowest forward the probe times). This VM's speed also varied by hour (a shared host): compare ratios "
-        "within one run, not absolute times across runs. A probe's few seconds can also meet a moment that favours another setting than the "
-        "minutes of a generation do: the AVX2-only EPYC's latest probe scored float32 and bfloat16 at 2 threads "
+        "within one run, not absolute times across runs. A probe's few seconds can also meet a moment that favours "
+        "another setting than the minutes of a generation do: the AVX2-only EPYC's latest probe scored float32 and bfloat16 at 2 threads "
         "nearly alike and chose float32, while `ar` and DFlash then ran faster in bfloat16 (its rows above); "
         "`DFLASH_PROBE=refresh` measures again, `--dtype` fixes the choice.",
         END,

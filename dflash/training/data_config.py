@@ -144,7 +144,7 @@ def _refusal(key: str, stored, wanted) -> ValidationError:
 
 
 RUN_NAMES = ("trainer_state.safetensors", "train_log.jsonl", "runs.jsonl", "config.json", "model.safetensors",
-             "draft_vocab.safetensors", "snapshots")  # what `train fit` writes in its --out (a draft: the first two of config…)
+             "draft_vocab.safetensors", "snapshots")  # what `train fit` writes in its --out; a model or draft has config.json
 
 
 def check_out(out: str | Path) -> None:
