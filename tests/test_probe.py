@@ -116,3 +116,43 @@ def test_a_dtypes_row_takes_the_layout_timed_in_full_over_one_dropped_early():
     dropped = {"step_ms": 150.0, "verify2_ms": None, "verify_ms": None, "score_ms": 75.2, "partial": True}  # ≥ 75.2
     rows = probe._rows({("float32", "linear"): full, ("float32", "transposed"): dropped}, ["float32"], 2)
     assert rows == [{"dtype": "float32", "threads": 2, "layout": "linear", **full, "other_layout_score_ms": 75.2}]
+
+
+def test_a_draft_engines_near_tie_goes_to_the_faster_one_token_step():
+    # One probe of an AVX2-only EPYC (ms at 2 threads): float32 scored 8 % ahead on its pair, while bfloat16's step was
+    # 1.2x faster, and generation there ran DFlash 1.16x and `ar` 1.3x faster in bfloat16.
+    f32 = {"dtype": "float32", "threads": 2, "step_ms": 86.0, "verify2_ms": 110.5, "verify_ms": 163.0, "score_ms": 73.66}
+    bf16 = {"dtype": "bfloat16", "threads": 2, "step_ms": 70.0, "verify2_ms": 119.4, "verify_ms": 284.0, "score_ms": 79.63}
+    assert probe.choose([f32, bf16], 8) is bf16
+    assert probe.choose([f32, {**bf16, "score_ms": 73.66 * (1 + probe.CLOSE) + 0.1}], 8) is f32  # beyond CLOSE: the score
+    assert probe.choose([f32, {**bf16, "score_ms": 73.0}], 1) is not f32  # no draft: the score is the step itself
+    dropped = {**bf16, "step_ms": 1.0, "score_ms": 74.0, "partial": True}  # a lower bound: never a tie's winner
+    assert probe.choose([f32, dropped], 8) is f32
+
+
+def test_a_lone_candidate_left_is_not_timed_again(monkeypatch):
+    variants, timed = _variants(monkeypatch, {"fast": 1.0, "slow": 50.0})
+    out = probe._measure(variants, 4)
+    runs = {v: [n for name, n in timed if name == v] for v in variants}
+    assert runs == {"fast": [1, 1, 2, 4], "slow": [1]}  # its warm-up and one rep: nothing is left to compare it with
+    assert "partial" not in out["fast"] and out["slow"]["partial"]
+
+
+def test_the_most_threads_row_keeps_its_fastest_timings_when_fewer_threads_fall_far_behind(monkeypatch):
+    target = tiny_target("llama", seed=0)
+    cache = target.new_cache()
+    target.forward(torch.arange(probe.CONTEXT)[None] % target.vocab_size, cache, last_only=True, capture=False)
+    real, sizes = probe.forward_ms, []
+
+    def slow_alone(t, c, n, g):  # one thread: 50x slower, far behind at its first timing
+        sizes.append((torch.get_num_threads(), n))
+        return real(t, c, n, g) * (50.0 if torch.get_num_threads() == 1 else 1.0)
+
+    monkeypatch.setattr(probe, "forward_ms", slow_alone)
+    lead = {"dtype": "float32", "threads": 2, "layout": "linear", "step_ms": 0.05, "verify2_ms": 0.06,
+            "verify_ms": 0.07, "score_ms": 0.04, "other_layout_score_ms": 0.05}  # faster than any real forward
+    rows = probe._thread_rows([lead], lead, (target, cache), 8, [2, 1])
+    assert sizes == [(2, 1), (2, 1), (2, 2), (2, 8), (1, 1)]  # a warm-up, one rep at 2, one step at 1: decided
+    assert {k: rows[0][k] for k in ("step_ms", "verify2_ms", "verify_ms")} == {"step_ms": 0.05, "verify2_ms": 0.06,
+                                                                               "verify_ms": 0.07}
+    assert rows[1]["threads"] == 1 and rows[1]["partial"] and probe.choose(rows, 8) is rows[0]
