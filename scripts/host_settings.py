@@ -278,11 +278,14 @@ def table() -> None:
         "1 thread on the AVX512_BF16 EPYC, where generation ran faster with 2). From version 9 on, the leader's fewer "
         "threads are not timed at a verify (the pair or the block) that its timings put twice behind the other per "
         "expected token, since it cannot decide the score (on the AVX2-only EPYC, bfloat16's block of 8, the "
-        "slowest forward the probe times). This VM's speed also varied by hour (a shared host): compare ratios "
-        "within one run, not absolute times across runs. A probe's few seconds can also meet a moment that favours "
-        "another setting than the minutes of a generation do: the AVX2-only EPYC's latest probe scored float32 and bfloat16 at 2 threads "
-        "nearly alike and chose float32, while `ar` and DFlash then ran faster in bfloat16 (its rows above); "
-        "`DFLASH_PROBE=refresh` measures again, `--dtype` fixes the choice.",
+        "slowest forward the probe times). From version 10 on, with a draft, candidates scoring within 10 % of the "
+        "best are a tie that the faster one-token step wins: such a gap is within a probe's noise, and a draft "
+        "engine also runs `ar` on its steps (the playground's Compare). Version 8 had chosen float32 on the AVX2-only "
+        "EPYC on such a tie (float32 and bfloat16 at 2 threads scored nearly alike), while `ar` and DFlash then ran "
+        "faster in bfloat16 (that record is in the repository's history). A lone candidate left after its first timing is "
+        "not timed again. This VM's speed also varied by hour (a shared host): compare ratios within one run, not "
+        "absolute times across runs. A probe's few seconds can still meet a moment that favours another setting "
+        "than the minutes of a generation do: `DFLASH_PROBE=refresh` measures again, `--dtype` fixes the choice.",
         END,
     ])
     path = ROOT / "BENCHMARKS.md"

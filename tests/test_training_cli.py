@@ -272,6 +272,21 @@ def test_eval_records_the_block_size_it_used(tmp_path):
     assert json.loads(proc.stdout.splitlines()[-1])["block_size"] == trained
 
 
+def test_eval_tells_a_person_what_it_measured_and_keeps_stdout_one_json_line(tmp_path):
+    """It printed only the JSON line: τ, the histogram and the speedup were there for scripts, not for a person."""
+    shipped_draft()  # the preset's draft, which eval loads
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "Hi"}\n')
+    proc = train("eval", "--prompts", str(prompts), "--max-new-tokens", "4", "--threads", "1")
+    assert proc.returncode == 0, proc.stderr
+    [line] = proc.stdout.splitlines()
+    out = json.loads(line)
+    assert f"τ = {out['tau']:.2f} tokens per verify over 1 prompt(s), {out['n_verify']} verifies" in proc.stderr
+    assert "tokens committed per verify: " in proc.stderr
+    assert f"speed vs no draft: {out['speedup']:.2f}×" in proc.stderr
+    assert "outputs identical to the no-draft run: 1/1" in proc.stderr  # float32: the exact mode
+
+
 def test_eval_of_a_truncated_draft_is_one_line_naming_draft(tmp_path):
     """A draft read while `train fit` wrote it was a SafetensorError traceback."""
     draft = tmp_path / "draft"

@@ -3,6 +3,7 @@ operator trained, and every wrong --draft is one line naming it, exit status 2, 
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -140,6 +141,8 @@ def test_the_playground_serves_the_operators_draft(tmp_path):
         assert trace.meta["model"] == "default with draft my <i>draft" and str(tmp_path) not in trace.meta["hardware"]
         assert trace.meta["hardware"].startswith("default with draft my <i>draft · CPU")
         assert '<p class="hw">default with draft my &lt;i&gt;draft · CPU' in final["stats"]
+        [row] = list(csv.DictReader(Path(final["export_history"]).open(encoding="utf-8")))  # and so does the history
+        assert row["preset"] == "default with draft my <i>draft" and row["draft"] == "yes"
         client.close()
     finally:
         proc.terminate()

@@ -195,7 +195,8 @@ class Playground:
         meta = {"title": f"Run {run_id}: {request.prompt[:60]}", "model": model, "hardware": look.hw,
                 "recorded": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "source": "run"}
         trace = Trace(events, meta)
-        history = with_row(history, history_row(run_id, "run", preset, events), self.settings.history_rows)
+        # The history names the engine as the hardware line does: an operator's draft, not just "default"
+        history = with_row(history, history_row(run_id, "run", model, events), self.settings.history_rows)
         n_frames = len(frames(events))
         frame = 0 if look.step_mode else n_frames - 1
         status = final_status(events)

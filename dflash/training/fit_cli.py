@@ -126,10 +126,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
            "steps": args.steps, "temperature": args.temperature, **res,
            "machine": machine_info(info["device"]), "settings": info.get("host")}
     print(json.dumps(out))
+    if not args.quiet:  # stdout keeps the one JSON line for scripts; a person reads this
+        print(eval_summary(out), file=sys.stderr)
     if args.output:
         with open(args.output, "w") as f:
             json.dump({**out, "rows": rows, "command": " ".join(sys.argv)}, f, indent=1)
     return 0
+
+
+def eval_summary(out: dict) -> str:
+    """`train eval`'s result in a few lines for a person: τ, how often each length was committed, the speed."""
+    hist = out["histogram"]
+    total = sum(hist.values()) or 1
+    lines = [f"τ = {out['tau']:.2f} tokens per verify over {out['n_prompts']} prompt(s), {out['n_verify']} verifies "
+             f"(block {out['block_size']}, {out['steps']} step(s))",
+             "tokens committed per verify: " + ", ".join(f"{k}: {100 * v / total:.0f} %" for k, v in hist.items())]
+    if "speedup" in out:
+        sp = out["speedup_spread"]
+        lines.append(f"speed vs no draft: {out['speedup']:.2f}× (per prompt {sp['min']:.2f}–{sp['max']:.2f}×); "
+                     f"outputs identical to the no-draft run: {out['identical']}/{out['n_prompts']}")
+    return "\n".join(lines)
 
 
 def add_stages(stages) -> None:
@@ -157,6 +173,6 @@ def add_stages(stages) -> None:
     e.add_argument("--seed", type=int, default=0, help="seed of the sampling")
     e.add_argument("--threads", type=int, help="CPU threads (default: the host probe's choice)")
     e.add_argument("--no-baseline", action="store_true", help="skip the no-draft runs (no speedup measured)")
-    e.add_argument("--quiet", action="store_true", help="no progress bar")
+    e.add_argument("--quiet", action="store_true", help="no progress bar and no summary on stderr (the JSON line stays)")
     e.add_argument("--output", help="also write the result, with every prompt's row, to this JSON file")
     e.set_defaults(func=cmd_eval, _parser=e)
