@@ -20,13 +20,14 @@ from torch import nn
 from dflash.adaptive import PRIOR_ALPHA, expected_tokens
 from dflash.packed import LAYOUTS
 
-PROBE_VERSION = 10  # 2: fewer threads for the leading dtype only; 3: layouts interleaved, fastest rep; 4: 64-token context;
+PROBE_VERSION = 11  # 2: fewer threads for the leading dtype only; 3: layouts interleaved, fastest rep; 4: 64-token context;
 # 5: scored by expected ms per token (pair or block verify), slow candidates dropped after one timing; 6: dtypes
 # interleaved too, a context cast from float32's, fewer threads dropped like the rest, float32 matmuls for prefills;
 # 7: warm-ups of one token, the low-precision copy cast while copying; 8: the leader's thread counts interleaved, a
 # warm-up; 9: fewer threads not timed at a verify the leader timed far behind the other (pair or block); 10: a draft
-# engine's near tie goes to the faster one-token step (`choose`), a lone candidate left is not timed again
-CONTEXT = 64  # tokens in the KV cache while timing (a longer one costs its prefill in every dtype, bfloat16's slow)
+# engine's near tie goes to the faster one-token step (`choose`), a lone candidate left is not timed again; 11: the
+# context's keys and values drawn at random, not prefilled (`_context`); an untimed block bounded by the pair
+CONTEXT = 64  # positions in the KV cache while timing
 REPS = 2  # timed forwards per shape and candidate (the fastest is kept), after one warm-up
 THREAD_REPS = 3  # the same for the leader's thread counts, timed against each other (see `_thread_rows`)
 WARM_S = 1.0  # seconds of one-token forwards before any timing: right after a load, a step ran 1.7-2x slower than a
@@ -84,16 +85,22 @@ def choose(rows: list[dict], block: int) -> dict:
 
 
 def lower_bound(ms: dict[int, float], sizes: list[int], block: int) -> float:
-    """`score_ms` with the sizes not timed yet taken at the one-token cost (a forward of more tokens costs no less):
-    what a candidate scores at best, from its timings so far."""
-    return score_ms({n: ms.get(n, ms[1]) for n in sizes}, block)
+    """`score_ms` with each size not timed yet taken at the cost of the largest size timed below it (a forward of
+    more tokens costs no less): what a candidate scores at best, from its timings so far. Bounding the block by the
+    pair, not the step, drops a candidate whose pair is already far behind before its block is timed (bfloat16 in
+    the transposed layout on an AVX2-only EPYC: step 223 ms, pair 418, block of 8 1,500)."""
+    filled, below = {}, ms[1]
+    for n in sorted(sizes):
+        below = filled[n] = ms.get(n, below)
+    return score_ms(filled, block)
 
 
-def _measure(variants: dict, block: int, reps: int = REPS, verifies: list[int] | None = None) -> dict:
-    """The fastest of `reps` timings (after one warm-up) of one cached forward of 1, 2 and `block` tokens (1 only
-    without a draft) for each of `variants` (name → a function that puts that variant in place and returns its
-    (target, cache)), with its score (`score_ms`), by variant name. Interleaved, so a slow moment of a shared machine
-    hits every variant alike; the minimum, because such moments only add time.
+def _measure(variants: dict, block: int, reps: int = REPS, verifies: list[int] | None = None,
+             warm: bool = True) -> dict:
+    """The fastest of `reps` timings (after one warm-up forward unless `warm` is False) of one cached forward of 1,
+    2 and `block` tokens (1 only without a draft) for each of `variants` (name → a function that puts that variant
+    in place and returns its (target, cache)), with its score (`score_ms`), by variant name. Interleaved, so a slow
+    moment of a shared machine hits every variant alike; the minimum, because such moments only add time.
 
     A variant that cannot win is not timed further (it would only lengthen a first start): in its first timed rep,
     once its `lower_bound` exceeds SLOW times the leader's score so far, its remaining sizes are skipped (their
@@ -104,7 +111,7 @@ def _measure(variants: dict, block: int, reps: int = REPS, verifies: list[int] |
     gen = torch.Generator().manual_seed(block)
     times: dict = {(v, n): [] for v in variants for n in sizes}
     live, lead, first_score = dict(variants), math.inf, {}
-    for rep in range(reps + 1):
+    for rep in range(0 if warm else 1, reps + 1):
         for i, (name, put) in enumerate(live.items()):
             if rep == 0 and i:  # rep 0 warms up thread pools and allocator once, with its cheapest forward; a
                 continue  # variant's first timing may still carry its own first-call costs, which the minimum discards
@@ -156,19 +163,30 @@ def _timing(ms: dict[int, float], sizes: list[int], block: int) -> dict:
 
 
 def _prepared(model: nn.Module, dtypes: list[str]) -> dict:
-    """dtype → (Target over `model` in that dtype, its cache holding CONTEXT tokens). float32 runs on `model`
-    itself, other dtypes on copies; the context is prefilled once in float32 and cast (a prefill in bfloat16 costs
-    several times float32's on a CPU without native bfloat16, and the timings need only a cache of that length)."""
+    """dtype → (Target over `model` in that dtype, its cache holding CONTEXT positions: `_context`). float32 runs on
+    `model` itself, other dtypes on copies."""
     from dflash.target import Target
 
-    base = Target(model, None, dtype=torch.float32)
-    cache = base.new_cache()
-    base.forward(torch.arange(CONTEXT)[None] % base.vocab_size, cache, last_only=True, capture=False)
     out = {}
     for dtype in dtypes:
-        target = base if dtype == "float32" else Target(_copy_in(model, getattr(torch, dtype)), None, dtype=getattr(torch, dtype))
-        out[dtype] = (target, cache if dtype == "float32" else _cast_cache(target, cache))
+        target = Target(model if dtype == "float32" else _copy_in(model, getattr(torch, dtype)), None,
+                        dtype=getattr(torch, dtype))
+        out[dtype] = (target, _context(target))
     return out
+
+
+def _context(target) -> object:
+    """A cache of CONTEXT positions for `target` whose keys and values are drawn at random in its dtype: a forward's
+    cost depends on the cache's length and shapes, not on its values, and filling it by a prefill cost 0.5-0.6 s of
+    a 5.6 s probe on an AVX2-only EPYC (64 tokens in float32; several times that in bfloat16 there)."""
+    config, gen = target.config, torch.Generator().manual_seed(CONTEXT)
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    cache = target.new_cache()
+    for i in range(target.num_layers):
+        keys, values = (torch.randn(1, heads, CONTEXT, head_dim, generator=gen).to(target.dtype) for _ in range(2))
+        cache.update(keys, values, i)
+    return cache
 
 
 def _copy_in(model: nn.Module, dtype: torch.dtype) -> nn.Module:
@@ -176,14 +194,6 @@ def _copy_in(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     weights first and casting them after would write every weight twice."""
     memo = {id(p): nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad) for p in model.parameters()}
     return copy.deepcopy(model, memo)
-
-
-def _cast_cache(target, cache):
-    """A new cache for `target` with `cache`'s keys and values in its dtype."""
-    cast = target.new_cache()
-    for i, layer in enumerate(cache.layers):
-        cast.update(layer.keys.to(target.dtype), layer.values.to(target.dtype), i)
-    return cast
 
 
 def _warm_up(prepared: dict, seconds: float, forwards: int = WARM_FORWARDS) -> int:
@@ -256,7 +266,8 @@ def probe(model: nn.Module, block: int, dtypes: list[str], threads: list[int]) -
             switches[dtype].set(layout)
             return prepared[dtype]
 
-        timed = _measure({(d, lay): partial(put, d, lay) for d in dtypes for lay in LAYOUTS}, block)
+        # No warm-up forward: `_warm_up` just ran the first variant's (float32, as loaded) one-token step
+        timed = _measure({(d, lay): partial(put, d, lay) for d in dtypes for lay in LAYOUTS}, block, warm=False)
         rows = _rows(timed, dtypes, most)
         lead = choose(rows, block)
         for d in dtypes:  # each copy keeps its faster layout (float32's is `model`'s); the other's weights go

@@ -282,10 +282,14 @@ def table() -> None:
         "best are a tie that the faster one-token step wins: such a gap is within a probe's noise, and a draft "
         "engine also runs `ar` on its steps (the playground's Compare). Version 8 had chosen float32 on the AVX2-only "
         "EPYC on such a tie (float32 and bfloat16 at 2 threads scored nearly alike), while `ar` and DFlash then ran "
-        "faster in bfloat16 (that record is in the repository's history). A lone candidate left after its first timing is "
-        "not timed again. This VM's speed also varied by hour (a shared host): compare ratios within one run, not "
-        "absolute times across runs. A probe's few seconds can still meet a moment that favours another setting "
-        "than the minutes of a generation do: `DFLASH_PROBE=refresh` measures again, `--dtype` fixes the choice.",
+        "faster in bfloat16 (that record is in the repository's history). A lone candidate left after its first "
+        "timing is not timed again. From version 11 on, the context's keys and values are drawn at random instead "
+        "of prefilled (a forward's cost depends on the cache's length, not its values), and a verify not yet timed "
+        "is bounded by the cost of the largest size timed below it, so a candidate whose pair is already far behind "
+        "is dropped before its block is timed. This VM's speed also varied by hour (a shared host): compare ratios "
+        "within one run, not absolute times across runs. A probe's few seconds can still meet a moment that "
+        "favours another setting than the minutes of a generation do: `DFLASH_PROBE=refresh` measures again, "
+        "`--dtype` fixes the choice.",
         END,
     ])
     path = ROOT / "BENCHMARKS.md"

@@ -89,16 +89,21 @@ def test_fewer_threads_are_not_timed_at_a_block_the_leader_timed_far_behind_its_
     assert 8 in sizes
 
 
-def test_other_dtypes_time_on_a_context_cast_from_float32():
+def test_every_dtype_times_on_a_drawn_context_of_its_own_dtype_without_a_prefill(monkeypatch):
     model = tiny_target("llama", seed=0).model
+    from dflash.target import Target
+
+    forwards, real = [], Target.forward
+    monkeypatch.setattr(Target, "forward", lambda self, ids, *a, **k: (forwards.append(ids.shape), real(self, ids, *a, **k))[1])
     prepared = probe._prepared(model, ["float32", "bfloat16"])
+    assert forwards == []  # no prefill: a 64-token one cost 0.5-0.6 s of a probe on an AVX2-only CPU
     (t32, c32), (t16, c16) = prepared["float32"], prepared["bfloat16"]
     assert t32.model is model and t16.model is not model and next(t16.model.parameters()).dtype == torch.bfloat16
     assert c32.get_seq_length() == c16.get_seq_length() == probe.CONTEXT
-    assert all(layer.keys.dtype == torch.bfloat16 for layer in c16.layers)
-    torch.testing.assert_close(c16.layers[0].keys.float(), c32.layers[0].keys, rtol=1e-2, atol=1e-2)
-    logits, _ = t16.forward(torch.tensor([[1, 2]]), c16, capture=False)  # the cast cache serves its target
-    assert logits.shape[0] == 2 and c16.get_seq_length() == probe.CONTEXT + 2
+    assert all(layer.keys.dtype == torch.bfloat16 for layer in c16.layers) and len(c16.layers) == t16.num_layers
+    assert all(layer.keys.dtype == torch.float32 for layer in c32.layers)
+    logits, _ = t16.forward(torch.tensor([[1, 2]]), c16, capture=False)  # the drawn cache serves its target
+    assert logits.shape[0] == 2 and torch.isfinite(logits).all() and c16.get_seq_length() == probe.CONTEXT + 2
 
 
 def test_the_low_precision_copy_is_cast_while_copying_and_keeps_tied_weights():
@@ -136,6 +141,9 @@ def test_a_lone_candidate_left_is_not_timed_again(monkeypatch):
     runs = {v: [n for name, n in timed if name == v] for v in variants}
     assert runs == {"fast": [1, 1, 2, 4], "slow": [1]}  # its warm-up and one rep: nothing is left to compare it with
     assert "partial" not in out["fast"] and out["slow"]["partial"]
+    timed.clear()  # after the probe's own warm-up: no warm-up forward
+    probe._measure(variants, 4, warm=False)
+    assert [n for name, n in timed if name == "fast"] == [1, 2, 4]
 
 
 def test_the_most_threads_row_keeps_its_fastest_timings_when_fewer_threads_fall_far_behind(monkeypatch):
@@ -156,3 +164,13 @@ def test_the_most_threads_row_keeps_its_fastest_timings_when_fewer_threads_fall_
     assert {k: rows[0][k] for k in ("step_ms", "verify2_ms", "verify_ms")} == {"step_ms": 0.05, "verify2_ms": 0.06,
                                                                                "verify_ms": 0.07}
     assert rows[1]["threads"] == 1 and rows[1]["partial"] and probe.choose(rows, 8) is rows[0]
+
+
+def test_an_untimed_block_is_bounded_by_the_largest_size_timed_below_it():
+    # bfloat16 in the transposed layout on an AVX2-only EPYC (ms): once its pair is timed, the block's bound is the
+    # pair's cost, which already puts it far behind a leader at ~65 ms per token, so its 1.5 s block is not timed.
+    e8 = 2 - 0.5 ** 7  # tokens a block of 8 commits at the prior acceptance
+    assert probe.lower_bound({1: 223.0}, [1, 2, 8], 8) == pytest.approx(223 / e8)
+    assert probe.lower_bound({1: 223.0, 2: 418.0}, [1, 2, 8], 8) == pytest.approx(418 / e8)  # was 223 / e8
+    assert probe.lower_bound({1: 223.0, 2: 418.0}, [1, 2, 8], 8) > probe.SLOW * 65
+    assert probe.lower_bound({1: 50.0, 8: 90.0}, [1, 2, 8], 8) == pytest.approx(50 / 1.5)  # the pair: the step below it
