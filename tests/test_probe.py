@@ -23,13 +23,17 @@ def test_the_score_is_expected_ms_per_token_at_the_cheaper_of_a_pair_and_the_blo
     assert best == {"amd": "bfloat16", "intel": "float32"}  # what each host's DFlash runs were fastest in
 
 
+def _tiny_with_context():
+    """A real tiny target and a cache of CONTEXT positions for it, as the probe times on."""
+    target = tiny_target("llama", seed=0)
+    return target, probe._context(target)
+
+
 def _variants(monkeypatch, scale: dict[str, float], size_scale: dict[int, float] | None = None):
     """Variants of one real tiny target whose forward times are scaled by `scale[name]` (what a bad layout or dtype
     costs on some CPUs) and a forward of n tokens by `size_scale[n]` too, so that the schedule, not the machine,
     decides; and the (variant, tokens) timed, in order."""
-    target = tiny_target("llama", seed=0)
-    cache = target.new_cache()
-    target.forward(torch.arange(probe.CONTEXT)[None] % target.vocab_size, cache, last_only=True, capture=False)
+    target, cache = _tiny_with_context()
     state, timed = {"variant": None}, []
     real = probe.forward_ms
 
@@ -70,9 +74,7 @@ def test_only_the_verify_that_can_decide_the_score_is_timed_again():
 
 
 def test_fewer_threads_are_not_timed_at_a_block_the_leader_timed_far_behind_its_pair(monkeypatch):
-    target = tiny_target("llama", seed=0)
-    cache = target.new_cache()
-    target.forward(torch.arange(probe.CONTEXT)[None] % target.vocab_size, cache, last_only=True, capture=False)
+    target, cache = _tiny_with_context()
     sizes, real = [], probe.forward_ms
     monkeypatch.setattr(probe, "forward_ms", lambda t, c, n, g: (sizes.append(n), real(t, c, n, g))[1])
     monkeypatch.setattr(probe, "SLOW", math.inf)  # no thread count dropped mid-timing: every rep times both
@@ -147,9 +149,7 @@ def test_a_lone_candidate_left_is_not_timed_again(monkeypatch):
 
 
 def test_the_most_threads_row_keeps_its_fastest_timings_when_fewer_threads_fall_far_behind(monkeypatch):
-    target = tiny_target("llama", seed=0)
-    cache = target.new_cache()
-    target.forward(torch.arange(probe.CONTEXT)[None] % target.vocab_size, cache, last_only=True, capture=False)
+    target, cache = _tiny_with_context()
     real, sizes = probe.forward_ms, []
 
     def slow_alone(t, c, n, g):  # one thread: 50x slower, far behind at its first timing
