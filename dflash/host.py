@@ -80,6 +80,8 @@ class HostSettings:
     float32_from_rows: forwards of at least this many tokens (prefills) run the decoder's matmuls in float32
     (`dflash.packed.Float32Matmul`), because `matmul_ms` (one decoder product of MATMUL_ROWS rows, as it is and in
     float32) measured that it pays on this machine; 0: never (float32 chosen, or the dtype's products are fast).
+    layout_ms: per dtype, one decoder product in each layout by row count (`layouts_worth_timing`); a layout far
+    behind there was not timed whole (its row's other_layout_score_ms is None).
     """
 
     dtype: str
@@ -90,6 +92,7 @@ class HostSettings:
     probe_s: float = 0.0
     float32_from_rows: int = 0
     matmul_ms: dict = field(default_factory=dict)
+    layout_ms: dict = field(default_factory=dict)
     candidates: list[dict] = field(default_factory=list)
     machine: dict = field(default_factory=dict)
     load_per_core: float | None = None  # the 1-minute load average per usable core when probed (None: not recorded)

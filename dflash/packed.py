@@ -81,8 +81,8 @@ class TransposedLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
     def to_linear(self) -> nn.Linear:
-        lin = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
-                        device=self.weight_t.device, dtype=self.weight_t.dtype)
+        lin = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta",
+                        dtype=self.weight_t.dtype)  # meta: no initialisation of weights replaced on the next line
         lin.weight = nn.Parameter(self.weight_t.detach().t().contiguous(), requires_grad=False)
         lin.bias = self.bias
         return lin

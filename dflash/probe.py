@@ -18,15 +18,17 @@ import torch
 from torch import nn
 
 from dflash.adaptive import PRIOR_ALPHA, expected_tokens
-from dflash.packed import LAYOUTS
+from dflash.packed import LAYOUTS, Float32Matmul, LayoutSwitch, TransposedLinear
 
-PROBE_VERSION = 11  # 2: fewer threads for the leading dtype only; 3: layouts interleaved, fastest rep; 4: 64-token context;
+PROBE_VERSION = 12  # 2: fewer threads for the leading dtype only; 3: layouts interleaved, fastest rep; 4: 64-token context;
 # 5: scored by expected ms per token (pair or block verify), slow candidates dropped after one timing; 6: dtypes
 # interleaved too, a context cast from float32's, fewer threads dropped like the rest, float32 matmuls for prefills;
 # 7: warm-ups of one token, the low-precision copy cast while copying; 8: the leader's thread counts interleaved, a
 # warm-up; 9: fewer threads not timed at a verify the leader timed far behind the other (pair or block); 10: a draft
 # engine's near tie goes to the faster one-token step (`choose`), a lone candidate left is not timed again; 11: the
-# context's keys and values drawn at random, not prefilled (`_context`); an untimed block bounded by the pair
+# context's keys and values drawn at random, not prefilled (`_context`); an untimed block bounded by the pair; 12: the
+# warm-up ends once the steps are `steady`; a verify far behind the other timed once in the dtype comparison too; a
+# layout far behind at one layer's products not built (`layouts_worth_timing`)
 CONTEXT = 64  # positions in the KV cache while timing
 REPS = 2  # timed forwards per shape and candidate (the fastest is kept), after one warm-up
 THREAD_REPS = 3  # the same for the leader's thread counts, timed against each other (see `_thread_rows`)
@@ -34,6 +36,9 @@ WARM_S = 1.0  # seconds of one-token forwards before any timing: right after a l
 # second later and sped up over ~1 s (bfloat16, 2 threads, AVX512_BF16 EPYC: 48 ms falling to 24 ms over 25 steps),
 # so whichever candidate a probe timed first looked slower
 WARM_FORWARDS = 40  # ... or this many forwards, whichever comes first (a tiny model's are ~1 ms each)
+STEADY, STEADY_GAIN = 3, 0.03  # ... or once every dtype's last 3 forwards are within 3 % of its best before them
+# (`steady`): on an AVX2-only EPYC the step is as fast at its first forward as a second later (float32 75, 74, 76, 74
+# ms; bfloat16 56, 54, 54, 54), and the full second was a fifth of a 4.7 s probe
 FLOAT32_ROWS = 16  # prefills this long or longer may run their matmuls in float32 (see `matmul_ms`); shorter
 # forwards (verifies of a block) stay in the dtype: measured on an AVX2-only CPU, a whole 8-token bfloat16 forward costs
 # 162 ms natively and 193 ms with float32 matmuls (casting every weight outweighs 8 rows), 16 tokens 336 vs 285 ms
@@ -46,6 +51,12 @@ SLOW_SIZE = 2.0  # of a pair and the block, a verify the leader's timings put th
 # of 8 cost 2.2x its pair per token and 500 ms a forward, timed at 2 thread counts x 3 reps: ~3 s of a 11-15 s probe.
 # Decided from the leader's fastest of REPS timings, not from one first timing: a shape's first forward can cost
 # 2-5x its later ones
+
+LAYOUT_SKIP = 2.0  # a layout whose product through the largest linear layer costs this many times the other's, at
+# one row and at the block's rows, is neither built for the whole model nor timed (`layouts_worth_timing`): on an
+# AVX2-only EPYC bfloat16's transposed product cost 4.7-8.5x the linear one, and building that layout (0.2 s) and timing
+# its step (0.21 s) was a tenth of a probe, while the one-layer test takes ~0.05 s. float32's layouts there are within
+# 1.3x of each other at 1-8 rows, so both stay timed whole
 
 CLOSE = 0.10  # a draft engine's candidates scoring within this fraction of the best are a tie, which the faster
 # one-token step wins (`choose`). Such gaps are within a probe's noise: on an AVX2-only EPYC four first starts scored
@@ -105,18 +116,19 @@ def _measure(variants: dict, block: int, reps: int = REPS, verifies: list[int] |
     A variant that cannot win is not timed further (it would only lengthen a first start): in its first timed rep,
     once its `lower_bound` exceeds SLOW times the leader's score so far, its remaining sizes are skipped (their
     times are None, its score is that bound, `partial` says so); after that rep, a variant scoring SLOW times the
-    leader is not timed again, nor a lone one left. `verifies`: time only these of the pair and the block
-    (`deciding_sizes`; the score is the cheaper of those timed)."""
+    leader is not timed again, nor a lone one left, and a verify far behind the other (`deciding_sizes`) is timed
+    once. `verifies`: time only these of the pair and the block (the score is the cheaper of those timed)."""
     sizes = [n for n in (sorted({1, 2, block}) if block > 1 else [1]) if n == 1 or verifies is None or n in verifies]
     gen = torch.Generator().manual_seed(block)
     times: dict = {(v, n): [] for v in variants for n in sizes}
     live, lead, first_score = dict(variants), math.inf, {}
+    again = dict.fromkeys(variants, sizes)  # the sizes each variant is timed at after its first rep
     for rep in range(0 if warm else 1, reps + 1):
         for i, (name, put) in enumerate(live.items()):
             if rep == 0 and i:  # rep 0 warms up thread pools and allocator once, with its cheapest forward; a
                 continue  # variant's first timing may still carry its own first-call costs, which the minimum discards
             target, cache = put()
-            for n in sizes if rep else sizes[:1]:
+            for n in again[name] if rep > 1 else sizes if rep else sizes[:1]:
                 ms = forward_ms(target, cache, n, gen)
                 if rep:
                     times[(name, n)].append(ms)
@@ -126,6 +138,7 @@ def _measure(variants: dict, block: int, reps: int = REPS, verifies: list[int] |
             if rep == 1 and len(first) == len(sizes):
                 first_score[name] = score_ms(first, block)
                 lead = min(lead, first_score[name])
+                again[name] = deciding_sizes(first, block)
         if rep == 1:
             live = {v: put for v, put in live.items() if first_score.get(v, math.inf) <= SLOW * lead}
             if len(live) < 2:  # nothing left to compare it with: more reps would only lengthen a first start
@@ -137,7 +150,7 @@ def deciding_sizes(ms: dict[int, float], block: int) -> list[int]:
     """The sizes worth timing again after the timings `ms` (ms by token count: 1, 2 and `block`): the one-token
     step, and of the pair and the block each one within SLOW_SIZE of the other's ms per expected token (`score_ms`)."""
     sizes = sorted(ms)
-    if block <= 2:
+    if block <= 2 or not {2, block} <= ms.keys():  # one of them not timed: nothing to compare
         return sizes
     per_token = {n: ms[n] / expected_tokens([PRIOR_ALPHA] * (n - 1)) for n in (2, block)}
     far = max(per_token, key=per_token.get)  # the costlier per token: dropped if far behind the other
@@ -197,24 +210,34 @@ def _copy_in(model: nn.Module, dtype: torch.dtype) -> nn.Module:
 
 
 def _warm_up(prepared: dict, seconds: float, forwards: int = WARM_FORWARDS) -> int:
-    """One-token forwards, the dtypes in turn, until `seconds` have passed or `forwards` were run (see WARM_S);
-    returns how many ran."""
+    """One-token forwards, the dtypes in turn, until every dtype's times are `steady`, `seconds` have passed or
+    `forwards` were run (see WARM_S); returns how many ran."""
     gen, end, done = torch.Generator().manual_seed(0), time.perf_counter() + seconds, 0
-    while time.perf_counter() < end and done < forwards:
-        for target, cache in prepared.values():
-            forward_ms(target, cache, 1, gen)
+    times: dict = {dtype: [] for dtype in prepared}
+    while time.perf_counter() < end and done < forwards and not all(map(steady, times.values())):
+        for dtype, (target, cache) in prepared.items():
+            times[dtype].append(forward_ms(target, cache, 1, gen))
             done += 1
     return done
 
 
+def steady(times: list[float]) -> bool:
+    """Whether a warm-up's forward times (oldest first) have settled: the last STEADY improved on the fastest before
+    them by less than STEADY_GAIN. A step still speeding up (the 48 → 24 ms over 25 steps of WARM_S) keeps setting
+    new bests; a settled one only repeats its best, give or take noise."""
+    return len(times) > STEADY and min(times[-STEADY:]) >= (1 - STEADY_GAIN) * min(times[:-STEADY])
+
+
 def _rows(timed: dict, dtypes: list[str], threads: int) -> list[dict]:
     """One candidate row per dtype from the (dtype, layout) timings: the faster layout, the other's score beside it
-    (a layout timed in full before one dropped early, whose score is only a lower bound)."""
+    (a layout timed in full before one dropped early, whose score is only a lower bound; None: not timed, see
+    `layouts_worth_timing`)."""
     rows = []
     for dtype in dtypes:
-        best, other = sorted(LAYOUTS, key=lambda lay: ("partial" in timed[(dtype, lay)], timed[(dtype, lay)]["score_ms"]))
+        best, *other = sorted((lay for lay in LAYOUTS if (dtype, lay) in timed),
+                              key=lambda lay: ("partial" in timed[(dtype, lay)], timed[(dtype, lay)]["score_ms"]))
         rows.append({"dtype": dtype, "threads": threads, "layout": best, **timed[(dtype, best)],
-                     "other_layout_score_ms": timed[(dtype, other)]["score_ms"]})
+                     "other_layout_score_ms": timed[(dtype, other[0])]["score_ms"] if other else None})
     return rows
 
 
@@ -251,8 +274,6 @@ def probe(model: nn.Module, block: int, dtypes: list[str], threads: list[int]) -
     After a warm-up (WARM_S), every dtype in both weight layouts at the most threads, interleaved; then the leader at
     every thread count, interleaved (fewer threads for the leader only: what keeps a first start short). float32 runs
     on `model` itself, left in its faster layout; other dtypes on copies taken before any layout switch."""
-    from dflash.packed import LayoutSwitch
-
     t0 = time.perf_counter()
     before = torch.get_num_threads()
     most = max(threads)
@@ -266,8 +287,9 @@ def probe(model: nn.Module, block: int, dtypes: list[str], threads: list[int]) -
             switches[dtype].set(layout)
             return prepared[dtype]
 
+        worth = {d: layouts_worth_timing(t.model.model.layers, block) for d, (t, _) in prepared.items()}
         # No warm-up forward: `_warm_up` just ran the first variant's (float32, as loaded) one-token step
-        timed = _measure({(d, lay): partial(put, d, lay) for d in dtypes for lay in LAYOUTS}, block, warm=False)
+        timed = _measure({(d, lay): partial(put, d, lay) for d in dtypes for lay in worth[d][0]}, block, warm=False)
         rows = _rows(timed, dtypes, most)
         lead = choose(rows, block)
         for d in dtypes:  # each copy keeps its faster layout (float32's is `model`'s); the other's weights go
@@ -282,27 +304,55 @@ def probe(model: nn.Module, block: int, dtypes: list[str], threads: list[int]) -
     finally:
         torch.set_num_threads(before)
     return dict(dtype=best["dtype"], threads=best["threads"], layout=best["layout"], probe_s=round(time.perf_counter() - t0, 2),
-                candidates=rows, float32_from_rows=float32_rows(matmul), matmul_ms=matmul)
+                candidates=rows, float32_from_rows=float32_rows(matmul), matmul_ms=matmul,
+                layout_ms={d: ms for d, (_, ms) in worth.items()})
 
 
 def matmul_ms(layers: nn.Module, rows: int, reps: int = 3) -> dict:
     """ms of one product of `rows` rows through the largest linear layer under `layers` (in the model's dtype and
     layout) as it is and as `Float32Matmul`: the fastest of `reps`, interleaved, after a warm-up of each."""
-    from dflash.packed import Float32Matmul, TransposedLinear
+    layer = _largest_linear(layers)
+    best = _fastest_ms({"native": layer, "float32": Float32Matmul(layer)}, _rows_in(layer, [rows]), reps)
+    return {"rows": rows, **{way: ms for (way, _), ms in best.items()}}
 
-    layer = max((m for m in layers.modules() if type(m) in (nn.Linear, TransposedLinear)),
-                key=lambda m: next(m.parameters()).numel())
-    ways = {"native": layer, "float32": Float32Matmul(layer)}
-    x = torch.randn(rows, layer.in_features, generator=torch.Generator().manual_seed(rows)).to(next(layer.parameters()).dtype)
-    best = {k: math.inf for k in ways}
+
+def layouts_worth_timing(layers: nn.Module, block: int, reps: int = 2) -> tuple[list[str], dict]:
+    """The layouts worth building for all of `layers` and timing whole: both, unless a product through the largest
+    linear layer in one costs LAYOUT_SKIP times the other's at one row and at `block` rows (a copy of that layer in
+    the other layout is built to tell). Returns them and that product's ms, {layout: {rows: ms}}."""
+    layer = _largest_linear(layers)
+    other = layer.to_linear() if type(layer) is TransposedLinear else TransposedLinear(layer)
+    ways = {"transposed": layer, "linear": other} if type(layer) is TransposedLinear else {"linear": layer, "transposed": other}
+    best = _fastest_ms(ways, _rows_in(layer, sorted({1, block})), reps)
+    ms = {lay: {n: t for (way, n), t in best.items() if way == lay} for lay in LAYOUTS}
+    behind = [lay for lay in LAYOUTS if all(ms[lay][n] > LAYOUT_SKIP * min(ms[o][n] for o in LAYOUTS) for n in ms[lay])]
+    return [lay for lay in LAYOUTS if lay not in behind], ms
+
+
+def _largest_linear(layers: nn.Module) -> nn.Module:
+    return max((m for m in layers.modules() if type(m) in (nn.Linear, TransposedLinear)),
+               key=lambda m: next(m.parameters()).numel())
+
+
+def _rows_in(layer: nn.Module, counts: list[int]) -> dict[int, torch.Tensor]:
+    """Random inputs of each row count for `layer`, in its weights' dtype."""
+    gen, dtype = torch.Generator().manual_seed(max(counts)), next(layer.parameters()).dtype
+    return {n: torch.randn(n, layer.in_features, generator=gen).to(dtype) for n in counts}
+
+
+def _fastest_ms(ways: dict, inputs: dict, reps: int) -> dict:
+    """{(way, input name): ms}: the fastest of `reps` timings of each function in `ways` on each of `inputs`,
+    interleaved, after a warm-up of each."""
+    best = {(way, name): math.inf for way in ways for name in inputs}
     with torch.inference_mode():
         for rep in range(reps + 1):
-            for k, f in ways.items():
-                t = time.perf_counter()
-                f(x)
-                if rep:
-                    best[k] = min(best[k], (time.perf_counter() - t) * 1000)
-    return {"rows": rows, **{k: round(v, 3) for k, v in best.items()}}
+            for way, f in ways.items():
+                for name, x in inputs.items():
+                    t = time.perf_counter()
+                    f(x)
+                    if rep:
+                        best[(way, name)] = min(best[(way, name)], (time.perf_counter() - t) * 1000)
+    return {k: round(v, 3) for k, v in best.items()}
 
 
 def float32_rows(matmul: dict) -> int:

@@ -286,8 +286,13 @@ def table() -> None:
         "timing is not timed again. From version 11 on, the context's keys and values are drawn at random instead "
         "of prefilled (a forward's cost depends on the cache's length, not its values), and a verify not yet timed "
         "is bounded by the cost of the largest size timed below it, so a candidate whose pair is already far behind "
-        "is dropped before its block is timed. This VM's speed also varied by hour (a shared host): compare ratios "
-        "within one run, not absolute times across runs. A probe's few seconds can still meet a moment that "
+        "is dropped before its block is timed. From version 12 on, the warm-up ends as soon as every dtype's last 3 "
+        "one-token forwards are within 3 % of its best before them (on the AVX2-only EPYC the step is as fast at its "
+        "first forward as a second later), a verify timed twice behind the other per expected token is timed once "
+        "in the dtype comparison too, and a layout whose product through one decoder layer's largest linear layer "
+        "costs over 2× the other's, at one row and at the block's rows, is neither built for the whole model nor "
+        "timed (bfloat16's transposed layout there: 4.7-8.5× behind). This VM's speed also varied by hour (a shared "
+        "host): compare ratios within one run, not absolute times across runs. A probe's few seconds can still meet a moment that "
         "favours another setting than the minutes of a generation do: `DFLASH_PROBE=refresh` measures again, "
         "`--dtype` fixes the choice.",
         END,

@@ -3,7 +3,9 @@ cannot win; dflash.host (tests/test_host.py) caches what it finds."""
 
 from __future__ import annotations
 
+import itertools
 import math
+import time
 
 import pytest
 import torch
@@ -53,6 +55,7 @@ def _variants(monkeypatch, scale: dict[str, float], size_scale: dict[int, float]
 
 
 def test_a_candidate_that_cannot_win_is_dropped_at_its_first_timing(monkeypatch):
+    monkeypatch.setattr(probe, "SLOW_SIZE", math.inf)  # every size timed again, however the tiny forwards compare
     variants, timed = _variants(monkeypatch, {"fast": 1.0, "slow": 50.0, "close": 1.1})
     out = probe._measure(variants, 4)
     runs = {v: [n for name, n in timed if name == v] for v in variants}
@@ -174,3 +177,88 @@ def test_an_untimed_block_is_bounded_by_the_largest_size_timed_below_it():
     assert probe.lower_bound({1: 223.0, 2: 418.0}, [1, 2, 8], 8) == pytest.approx(418 / e8)  # was 223 / e8
     assert probe.lower_bound({1: 223.0, 2: 418.0}, [1, 2, 8], 8) > probe.SLOW * 65
     assert probe.lower_bound({1: 50.0, 8: 90.0}, [1, 2, 8], 8) == pytest.approx(50 / 1.5)  # the pair: the step below it
+
+
+def test_the_warm_up_runs_until_every_dtypes_steps_are_steady(monkeypatch):
+    """Right after a load a step ran up to 2x slower than a second later (48 → 24 ms over 25 steps, bfloat16 on an
+    AVX512_BF16 EPYC), so the first candidate timed looked slow; where the step is fast from the first forward (an
+    AVX2-only EPYC: float32 75, 74, 76, 74 ms) a full second of warm-up was a fifth of the probe."""
+    prepared = probe._prepared(tiny_target("llama", seed=0).model, ["float32", "bfloat16"])
+    series = {torch.float32: iter([90.0, 75, 74, 76, 74] + [75.0] * 100),
+              torch.bfloat16: iter([48.0 - i for i in range(25)] + [24.0] * 100)}  # still speeding up for 25 forwards
+    monkeypatch.setattr(probe, "forward_ms", lambda target, cache, n, gen: next(series[target.dtype]))
+    assert probe._warm_up(prepared, 60.0, forwards=1000) == 2 * (25 + probe.STEADY)  # until bfloat16 has settled too
+    series[torch.float32], series[torch.bfloat16] = iter([75.0] * 100), iter([50.0] * 100)
+    assert probe._warm_up(prepared, 60.0, forwards=1000) == 2 * (1 + probe.STEADY)  # steady from the first forward
+
+
+def test_steady_means_no_new_best_beyond_noise():
+    assert not probe.steady([75.0, 74.0, 76.0])  # too few to tell
+    assert probe.steady([75.0, 74.0, 76.0, 74.0])
+    assert probe.steady([90.0, 75.0, 74.0, 76.0, 74.0])  # a slow first forward, then settled
+    assert not probe.steady([48.0, 47.0, 46.0, 45.0, 44.0])  # each forward a new best
+    assert not probe.steady([75.0, 74.0, 76.0, 70.0])  # a new best by more than STEADY_GAIN
+
+
+def test_the_warm_up_also_ends_at_its_forwards_or_its_seconds(monkeypatch):
+    prepared = probe._prepared(tiny_target("llama", seed=0).model, ["float32", "bfloat16"])
+    faster = (1000.0 * 0.9 ** i for i in itertools.count())  # never settles: 10 % faster at every forward
+    monkeypatch.setattr(probe, "forward_ms", lambda target, cache, n, gen: (time.sleep(0.001), next(faster))[1])
+    assert probe._warm_up(prepared, 60.0, forwards=6) == 6  # the count ends it (checked after each pair)
+    t0 = time.perf_counter()
+    assert 0 < probe._warm_up(prepared, 0.05, forwards=10**9) and 0.05 <= time.perf_counter() - t0 < 30  # or the clock
+
+
+def test_a_verify_far_behind_the_other_is_timed_once_in_the_dtype_comparison(monkeypatch):
+    # bfloat16 on an AVX2-only EPYC: its block of 8 cost 2.2x its pair per expected token (256 ms against 90)
+    variants, timed = _variants(monkeypatch, {"a": 1.0, "b": 1.05}, size_scale={8: 40.0})
+    out = probe._measure(variants, 8, warm=False)
+    runs = {v: [n for name, n in timed if name == v] for v in variants}
+    assert runs == {"a": [1, 2, 8] + [1, 2] * (probe.REPS - 1), "b": [1, 2, 8] + [1, 2] * (probe.REPS - 1)}
+    assert all(out[v]["verify_ms"] > 0 and "partial" not in out[v] for v in variants)  # its one timing is kept
+
+
+def _scripted_layer_ms(monkeypatch, ratios: dict):
+    """`probe._fastest_ms` run for real, but reporting 1 ms for the layer as it is and `ratios[(dtype, rows)]` ms
+    for its other layout: which layout a CPU makes slow is what the gate decides on, not this machine's timings."""
+    real = probe._fastest_ms
+
+    def scripted(ways, inputs, reps):
+        real(ways, inputs, reps)
+        dtype = next(next(iter(ways.values())).parameters()).dtype
+        first = next(iter(ways))
+        return {(way, n): 1.0 if way == first else ratios[(dtype, n)] for way in ways for n in inputs}
+
+    monkeypatch.setattr(probe, "_fastest_ms", scripted)
+
+
+def test_a_layout_far_behind_at_one_layers_products_is_neither_built_nor_timed(monkeypatch):
+    # bfloat16's transposed products on an AVX2-only EPYC: 4.7x the linear one at one row, 8.5x at 8 rows
+    _scripted_layer_ms(monkeypatch, {(torch.float32, 1): 1.1, (torch.float32, 4): 0.9,
+                                     (torch.bfloat16, 1): 4.7, (torch.bfloat16, 4): 8.5})
+    timed, real = [], probe.forward_ms
+    monkeypatch.setattr(probe, "forward_ms", lambda t, c, n, g: (timed.append((t.dtype, t.layout)), real(t, c, n, g))[1])
+    model = tiny_target("llama", seed=0).model
+    out = probe.probe(model, 4, ["float32", "bfloat16"], [1])
+    assert (torch.bfloat16, "transposed") not in timed and (torch.float32, "transposed") in timed
+    rows = {r["dtype"]: r for r in out["candidates"]}
+    assert rows["bfloat16"]["layout"] == "linear" and rows["bfloat16"]["other_layout_score_ms"] is None
+    assert rows["float32"]["other_layout_score_ms"] is not None
+    assert out["layout_ms"]["bfloat16"] == {"linear": {1: 1.0, 4: 1.0}, "transposed": {1: 4.7, 4: 8.5}}
+
+
+def test_a_layout_behind_at_one_row_but_not_at_the_blocks_rows_is_timed_whole(monkeypatch):
+    layers = tiny_target("llama", seed=0).model.model.layers
+    _scripted_layer_ms(monkeypatch, {(torch.float32, 1): 3.0, (torch.float32, 8): 1.5})
+    assert probe.layouts_worth_timing(layers, 8)[0] == ["linear", "transposed"]
+    _scripted_layer_ms(monkeypatch, {(torch.float32, 1): 0.4, (torch.float32, 8): 0.3})  # the layer's own: behind
+    assert probe.layouts_worth_timing(layers, 8)[0] == ["transposed"]
+
+
+def test_the_layout_test_times_one_layer_in_both_layouts_and_leaves_the_model_as_it_was():
+    layers = tiny_target("llama", seed=0).model.model.layers
+    before = [m for m in layers.modules()]
+    worth, ms = probe.layouts_worth_timing(layers, 8)
+    assert set(worth) <= {"linear", "transposed"} and worth
+    assert set(ms) == {"linear", "transposed"} and all(set(v) == {1, 8} and min(v.values()) > 0 for v in ms.values())
+    assert [m for m in layers.modules()] == before
