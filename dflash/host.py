@@ -115,7 +115,10 @@ class HostSettings:
         how = {"probe": f"probed in {self.probe_s:.1f} s", "cache": "probe cached"}.get(self.source, self.source)
         if row is None:
             return f"settings: {how}"
-        verify = f", {self.block}-token verify {row['verify_ms']:.0f} ms" if self.block > 1 else ""
+        verify = ""
+        if self.block > 1:  # a fewer-threads row may have no block timed (far behind its pair): its pair, then
+            n, ms = (self.block, row["verify_ms"]) if row.get("verify_ms") is not None else (2, row.get("verify2_ms"))
+            verify = f", {n}-token verify {ms:.0f} ms" if ms is not None else ""
         return f"1-token step {row['step_ms']:.0f} ms{verify} ({how})"
 
     def summary(self) -> str:

@@ -27,8 +27,8 @@ PROBE_VERSION = 12  # 2: fewer threads for the leading dtype only; 3: layouts in
 # warm-up; 9: fewer threads not timed at a verify the leader timed far behind the other (pair or block); 10: a draft
 # engine's near tie goes to the faster one-token step (`choose`), a lone candidate left is not timed again; 11: the
 # context's keys and values drawn at random, not prefilled (`_context`); an untimed block bounded by the pair; 12: the
-# warm-up ends once the steps are `steady`; a verify far behind the other timed once in the dtype comparison too; a
-# layout far behind at one layer's products not built (`layouts_worth_timing`)
+# warm-up ends once the steps are `steady`; a layout far behind at one layer's products not built
+# (`layouts_worth_timing`)
 CONTEXT = 64  # positions in the KV cache while timing
 REPS = 2  # timed forwards per shape and candidate (the fastest is kept), after one warm-up
 THREAD_REPS = 3  # the same for the leader's thread counts, timed against each other (see `_thread_rows`)
@@ -36,9 +36,10 @@ WARM_S = 1.0  # seconds of one-token forwards before any timing: right after a l
 # second later and sped up over ~1 s (bfloat16, 2 threads, AVX512_BF16 EPYC: 48 ms falling to 24 ms over 25 steps),
 # so whichever candidate a probe timed first looked slower
 WARM_FORWARDS = 40  # ... or this many forwards, whichever comes first (a tiny model's are ~1 ms each)
-STEADY, STEADY_GAIN = 3, 0.03  # ... or once every dtype's last 3 forwards are within 3 % of its best before them
-# (`steady`): on an AVX2-only EPYC the step is as fast at its first forward as a second later (float32 75, 74, 76, 74
-# ms; bfloat16 56, 54, 54, 54), and the full second was a fifth of a 4.7 s probe
+STEADY, STEADY_GAIN = 3, 0.03  # ... or, after WARM_MIN_S, once no dtype's last 3 forwards set a new best by more than
+# 3 % (`steady`): on an AVX2-only EPYC the step is as fast at its first forward as a second later (float32 75, 74, 76,
+# 74 ms; bfloat16 56, 54, 54, 54), and the full second was a fifth of a 4.7 s probe
+WARM_MIN_S = 0.3  # the least warm-up: a speed-up that pauses for a few forwards is not taken for settled at once
 FLOAT32_ROWS = 16  # prefills this long or longer may run their matmuls in float32 (see `matmul_ms`); shorter
 # forwards (verifies of a block) stay in the dtype: measured on an AVX2-only CPU, a whole 8-token bfloat16 forward costs
 # 162 ms natively and 193 ms with float32 matmuls (casting every weight outweighs 8 rows), 16 tokens 336 vs 285 ms
@@ -116,19 +117,18 @@ def _measure(variants: dict, block: int, reps: int = REPS, verifies: list[int] |
     A variant that cannot win is not timed further (it would only lengthen a first start): in its first timed rep,
     once its `lower_bound` exceeds SLOW times the leader's score so far, its remaining sizes are skipped (their
     times are None, its score is that bound, `partial` says so); after that rep, a variant scoring SLOW times the
-    leader is not timed again, nor a lone one left, and a verify far behind the other (`deciding_sizes`) is timed
-    once. `verifies`: time only these of the pair and the block (the score is the cheaper of those timed)."""
+    leader is not timed again, nor a lone one left. `verifies`: time only these of the pair and the block
+    (`deciding_sizes`; the score is the cheaper of those timed)."""
     sizes = [n for n in (sorted({1, 2, block}) if block > 1 else [1]) if n == 1 or verifies is None or n in verifies]
     gen = torch.Generator().manual_seed(block)
     times: dict = {(v, n): [] for v in variants for n in sizes}
     live, lead, first_score = dict(variants), math.inf, {}
-    again = dict.fromkeys(variants, sizes)  # the sizes each variant is timed at after its first rep
     for rep in range(0 if warm else 1, reps + 1):
         for i, (name, put) in enumerate(live.items()):
             if rep == 0 and i:  # rep 0 warms up thread pools and allocator once, with its cheapest forward; a
                 continue  # variant's first timing may still carry its own first-call costs, which the minimum discards
             target, cache = put()
-            for n in again[name] if rep > 1 else sizes if rep else sizes[:1]:
+            for n in sizes if rep else sizes[:1]:
                 ms = forward_ms(target, cache, n, gen)
                 if rep:
                     times[(name, n)].append(ms)
@@ -138,7 +138,6 @@ def _measure(variants: dict, block: int, reps: int = REPS, verifies: list[int] |
             if rep == 1 and len(first) == len(sizes):
                 first_score[name] = score_ms(first, block)
                 lead = min(lead, first_score[name])
-                again[name] = deciding_sizes(first, block)
         if rep == 1:
             live = {v: put for v, put in live.items() if first_score.get(v, math.inf) <= SLOW * lead}
             if len(live) < 2:  # nothing left to compare it with: more reps would only lengthen a first start
@@ -150,7 +149,7 @@ def deciding_sizes(ms: dict[int, float], block: int) -> list[int]:
     """The sizes worth timing again after the timings `ms` (ms by token count: 1, 2 and `block`): the one-token
     step, and of the pair and the block each one within SLOW_SIZE of the other's ms per expected token (`score_ms`)."""
     sizes = sorted(ms)
-    if block <= 2 or not {2, block} <= ms.keys():  # one of them not timed: nothing to compare
+    if block <= 2:
         return sizes
     per_token = {n: ms[n] / expected_tokens([PRIOR_ALPHA] * (n - 1)) for n in (2, block)}
     far = max(per_token, key=per_token.get)  # the costlier per token: dropped if far behind the other
@@ -209,12 +208,16 @@ def _copy_in(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def _warm_up(prepared: dict, seconds: float, forwards: int = WARM_FORWARDS) -> int:
-    """One-token forwards, the dtypes in turn, until every dtype's times are `steady`, `seconds` have passed or
-    `forwards` were run (see WARM_S); returns how many ran."""
-    gen, end, done = torch.Generator().manual_seed(0), time.perf_counter() + seconds, 0
+def _warm_up(prepared: dict, seconds: float, forwards: int = WARM_FORWARDS, least: float = WARM_MIN_S) -> int:
+    """One-token forwards, the dtypes in turn, until `seconds` have passed, `forwards` were run, or `least` seconds
+    have passed and every dtype's times are `steady` (see WARM_S); returns how many ran."""
+    gen, t0, done = torch.Generator().manual_seed(0), time.perf_counter(), 0
     times: dict = {dtype: [] for dtype in prepared}
-    while time.perf_counter() < end and done < forwards and not all(map(steady, times.values())):
+
+    def settled() -> bool:
+        return time.perf_counter() - t0 >= least and all(map(steady, times.values()))
+
+    while time.perf_counter() - t0 < seconds and done < forwards and not settled():
         for dtype, (target, cache) in prepared.items():
             times[dtype].append(forward_ms(target, cache, 1, gen))
             done += 1
@@ -271,9 +274,10 @@ def _thread_rows(rows: list[dict], lead: dict, prepared: tuple, block: int, thre
 def probe(model: nn.Module, block: int, dtypes: list[str], threads: list[int]) -> dict:
     """Time the candidates on `model` and return the fastest (`HostSettings` fields); a few seconds on a 135M model.
 
-    After a warm-up (WARM_S), every dtype in both weight layouts at the most threads, interleaved; then the leader at
-    every thread count, interleaved (fewer threads for the leader only: what keeps a first start short). float32 runs
-    on `model` itself, left in its faster layout; other dtypes on copies taken before any layout switch."""
+    After a warm-up (WARM_S), every dtype in each weight layout worth timing (`layouts_worth_timing`: both, unless
+    one is far behind at one decoder product) at the most threads, interleaved; then the leader at every thread
+    count, interleaved (fewer threads for the leader only: what keeps a first start short). float32 runs on `model`
+    itself, left in its faster layout; other dtypes on copies taken before any layout switch."""
     t0 = time.perf_counter()
     before = torch.get_num_threads()
     most = max(threads)
@@ -288,7 +292,7 @@ def probe(model: nn.Module, block: int, dtypes: list[str], threads: list[int]) -
             return prepared[dtype]
 
         worth = {d: layouts_worth_timing(t.model.model.layers, block) for d, (t, _) in prepared.items()}
-        # No warm-up forward: `_warm_up` just ran the first variant's (float32, as loaded) one-token step
+        # No warm-up forward: `_warm_up` has just run every dtype's one-token step (thread pools, allocator)
         timed = _measure({(d, lay): partial(put, d, lay) for d in dtypes for lay in worth[d][0]}, block, warm=False)
         rows = _rows(timed, dtypes, most)
         lead = choose(rows, block)
@@ -326,7 +330,8 @@ def layouts_worth_timing(layers: nn.Module, block: int, reps: int = 2) -> tuple[
     best = _fastest_ms(ways, _rows_in(layer, sorted({1, block})), reps)
     ms = {lay: {n: t for (way, n), t in best.items() if way == lay} for lay in LAYOUTS}
     behind = [lay for lay in LAYOUTS if all(ms[lay][n] > LAYOUT_SKIP * min(ms[o][n] for o in LAYOUTS) for n in ms[lay])]
-    return [lay for lay in LAYOUTS if lay not in behind], ms
+    # row counts as strings: what a JSON round trip (the cache, --json) makes of them
+    return [lay for lay in LAYOUTS if lay not in behind], {lay: {str(n): t for n, t in v.items()} for lay, v in ms.items()}
 
 
 def _largest_linear(layers: nn.Module) -> nn.Module:

@@ -155,10 +155,16 @@ def probe_source(host: dict, cpu_model: str) -> str:
             won = next(c for c in host.get("candidates", []) if (c["dtype"], c["threads"]) == chosen[:2])
             said += (f"; the probe recorded for this CPU in \"CPU settings per host\" (version "
                      f"{rec['machine']['probe_version']}) chose {chosen[0]}, {threads(chosen[1])}, `{chosen[2]}`, where the "
-                     f"cached one had scored that setting's layouts {won['score_ms']:.0f} ms (`{won['layout']}`) against "
-                     f"{won.get('other_layout_score_ms') or float('nan'):.0f} ms: close settings, chosen differently by "
-                     "probes at different times")
+                     f"cached one had scored that setting {won['score_ms']:.0f} ms (`{won['layout']}`) {against(won)}: "
+                     "close settings, chosen differently by probes at different times")
     return said
+
+
+def against(row: dict) -> str:
+    """How a probe's candidate row scored its other layout: timed, or not timed (far behind at one product)."""
+    other = row.get("other_layout_score_ms")
+    return f"against {other:.0f} ms in its other layout" if other is not None else \
+        "(its other layout not timed: over 2× behind at one decoder product)"
 
 
 def machine(d: dict) -> str:

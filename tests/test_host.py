@@ -127,6 +127,10 @@ def test_the_summary_says_the_mode_and_the_probes_numbers():
     assert fast.numbers() == "1-token step 39 ms, 8-token verify 48 ms (probe cached)"
     exact = host.HostSettings("float32", 1, "transposed", "probe", probe_s=2.5)
     assert exact.summary().startswith("float32 · 1 thread · transposed layout (exact; probed in 2.5 s)")
+    # A fewer-threads row whose block was not timed (far behind its pair; the AVX2-only EPYC's bfloat16 at 1 thread)
+    one = {"dtype": "bfloat16", "threads": 1, "layout": "linear", "step_ms": 83.8, "verify2_ms": 135.3, "verify_ms": None}
+    chosen = host.HostSettings("bfloat16", 1, "linear", "probe", block=8, probe_s=4.6, candidates=[one])
+    assert chosen.numbers() == "1-token step 84 ms, 2-token verify 135 ms (probed in 4.6 s)"
 
 
 def test_prefills_run_in_float32_matmuls_where_the_probe_measured_that_it_pays(tmp_path):

@@ -56,12 +56,13 @@ def _variants(monkeypatch, scale: dict[str, float], size_scale: dict[int, float]
 
 def test_a_candidate_that_cannot_win_is_dropped_at_its_first_timing(monkeypatch):
     monkeypatch.setattr(probe, "SLOW_SIZE", math.inf)  # every size timed again, however the tiny forwards compare
-    variants, timed = _variants(monkeypatch, {"fast": 1.0, "slow": 50.0, "close": 1.1})
+    monkeypatch.setattr(probe, "SLOW", 1000.0)  # far beyond a loaded machine's hiccups on a ~1 ms forward
+    variants, timed = _variants(monkeypatch, {"fast": 1.0, "slow": 1e6, "close": 1.1})
     out = probe._measure(variants, 4)
     runs = {v: [n for name, n in timed if name == v] for v in variants}
     assert runs["fast"] == [1] + [1, 2, 4] * probe.REPS  # a one-token warm-up, then every timed rep
     assert runs["close"] == [1, 2, 4] * probe.REPS  # could win: timed in full, every rep
-    assert runs["slow"] == [1]  # its one-token step alone already scores 50x: nothing more is timed
+    assert runs["slow"] == [1]  # its one-token step alone already scores 10^6x: nothing more is timed
     assert out["slow"]["partial"] and out["slow"]["verify2_ms"] is None and out["slow"]["verify_ms"] is None
     assert out["slow"]["score_ms"] > probe.SLOW * out["fast"]["score_ms"]  # a lower bound, still far behind
     assert "partial" not in out["fast"] and out["fast"]["verify2_ms"] > 0
@@ -141,7 +142,7 @@ def test_a_draft_engines_near_tie_goes_to_the_faster_one_token_step():
 
 
 def test_a_lone_candidate_left_is_not_timed_again(monkeypatch):
-    variants, timed = _variants(monkeypatch, {"fast": 1.0, "slow": 50.0})
+    variants, timed = _variants(monkeypatch, {"fast": 1.0, "slow": 1e6})  # far behind whatever the machine's noise
     out = probe._measure(variants, 4)
     runs = {v: [n for name, n in timed if name == v] for v in variants}
     assert runs == {"fast": [1, 1, 2, 4], "slow": [1]}  # its warm-up and one rep: nothing is left to compare it with
@@ -155,9 +156,9 @@ def test_the_most_threads_row_keeps_its_fastest_timings_when_fewer_threads_fall_
     target, cache = _tiny_with_context()
     real, sizes = probe.forward_ms, []
 
-    def slow_alone(t, c, n, g):  # one thread: 50x slower, far behind at its first timing
+    def slow_alone(t, c, n, g):  # one thread: 10^6x slower, far behind at its first timing whatever the noise
         sizes.append((torch.get_num_threads(), n))
-        return real(t, c, n, g) * (50.0 if torch.get_num_threads() == 1 else 1.0)
+        return real(t, c, n, g) * (1e6 if torch.get_num_threads() == 1 else 1.0)
 
     monkeypatch.setattr(probe, "forward_ms", slow_alone)
     lead = {"dtype": "float32", "threads": 2, "layout": "linear", "step_ms": 0.05, "verify2_ms": 0.06,
@@ -187,9 +188,13 @@ def test_the_warm_up_runs_until_every_dtypes_steps_are_steady(monkeypatch):
     series = {torch.float32: iter([90.0, 75, 74, 76, 74] + [75.0] * 100),
               torch.bfloat16: iter([48.0 - i for i in range(25)] + [24.0] * 100)}  # still speeding up for 25 forwards
     monkeypatch.setattr(probe, "forward_ms", lambda target, cache, n, gen: next(series[target.dtype]))
-    assert probe._warm_up(prepared, 60.0, forwards=1000) == 2 * (25 + probe.STEADY)  # until bfloat16 has settled too
+    assert probe._warm_up(prepared, 60.0, 1000, least=0) == 2 * (25 + probe.STEADY)  # until bfloat16 has settled too
     series[torch.float32], series[torch.bfloat16] = iter([75.0] * 100), iter([50.0] * 100)
-    assert probe._warm_up(prepared, 60.0, forwards=1000) == 2 * (1 + probe.STEADY)  # steady from the first forward
+    assert probe._warm_up(prepared, 60.0, 1000, least=0) == 2 * (1 + probe.STEADY)  # steady from the first forward
+    series[torch.float32], series[torch.bfloat16] = itertools.repeat(75.0), itertools.repeat(50.0)
+    t0 = time.perf_counter()
+    assert probe._warm_up(prepared, 60.0, 10**9, least=0.05) > 2 * (1 + probe.STEADY)  # but never under `least`
+    assert time.perf_counter() - t0 >= 0.05
 
 
 def test_steady_means_no_new_best_beyond_noise():
@@ -206,16 +211,7 @@ def test_the_warm_up_also_ends_at_its_forwards_or_its_seconds(monkeypatch):
     monkeypatch.setattr(probe, "forward_ms", lambda target, cache, n, gen: (time.sleep(0.001), next(faster))[1])
     assert probe._warm_up(prepared, 60.0, forwards=6) == 6  # the count ends it (checked after each pair)
     t0 = time.perf_counter()
-    assert 0 < probe._warm_up(prepared, 0.05, forwards=10**9) and 0.05 <= time.perf_counter() - t0 < 30  # or the clock
-
-
-def test_a_verify_far_behind_the_other_is_timed_once_in_the_dtype_comparison(monkeypatch):
-    # bfloat16 on an AVX2-only EPYC: its block of 8 cost 2.2x its pair per expected token (256 ms against 90)
-    variants, timed = _variants(monkeypatch, {"a": 1.0, "b": 1.05}, size_scale={8: 40.0})
-    out = probe._measure(variants, 8, warm=False)
-    runs = {v: [n for name, n in timed if name == v] for v in variants}
-    assert runs == {"a": [1, 2, 8] + [1, 2] * (probe.REPS - 1), "b": [1, 2, 8] + [1, 2] * (probe.REPS - 1)}
-    assert all(out[v]["verify_ms"] > 0 and "partial" not in out[v] for v in variants)  # its one timing is kept
+    assert 0 < probe._warm_up(prepared, 0.5, forwards=10**9) and 0.5 <= time.perf_counter() - t0 < 30  # or the clock
 
 
 def _scripted_layer_ms(monkeypatch, ratios: dict):
@@ -224,6 +220,8 @@ def _scripted_layer_ms(monkeypatch, ratios: dict):
     real = probe._fastest_ms
 
     def scripted(ways, inputs, reps):
+        if set(ways) != set(probe.LAYOUTS):  # another product timed the same way (`matmul_ms`): as measured
+            return real(ways, inputs, reps)
         real(ways, inputs, reps)
         dtype = next(next(iter(ways.values())).parameters()).dtype
         first = next(iter(ways))
@@ -244,7 +242,7 @@ def test_a_layout_far_behind_at_one_layers_products_is_neither_built_nor_timed(m
     rows = {r["dtype"]: r for r in out["candidates"]}
     assert rows["bfloat16"]["layout"] == "linear" and rows["bfloat16"]["other_layout_score_ms"] is None
     assert rows["float32"]["other_layout_score_ms"] is not None
-    assert out["layout_ms"]["bfloat16"] == {"linear": {1: 1.0, 4: 1.0}, "transposed": {1: 4.7, 4: 8.5}}
+    assert out["layout_ms"]["bfloat16"] == {"linear": {"1": 1.0, "4": 1.0}, "transposed": {"1": 4.7, "4": 8.5}}
 
 
 def test_a_layout_behind_at_one_row_but_not_at_the_blocks_rows_is_timed_whole(monkeypatch):
@@ -260,5 +258,5 @@ def test_the_layout_test_times_one_layer_in_both_layouts_and_leaves_the_model_as
     before = [m for m in layers.modules()]
     worth, ms = probe.layouts_worth_timing(layers, 8)
     assert set(worth) <= {"linear", "transposed"} and worth
-    assert set(ms) == {"linear", "transposed"} and all(set(v) == {1, 8} and min(v.values()) > 0 for v in ms.values())
+    assert set(ms) == {"linear", "transposed"} and all(set(v) == {"1", "8"} and min(v.values()) > 0 for v in ms.values())
     assert [m for m in layers.modules()] == before
