@@ -8,7 +8,7 @@ playground: setup
 	.venv/bin/python app.py
 
 test: setup
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q --durations=30
 
 test-fast: setup
 	.venv/bin/python -m pytest -q -m "not slow and not browser"

@@ -291,9 +291,9 @@ def table() -> None:
         "forward as a second later), and a layout whose product through one decoder layer's largest linear layer "
         "costs over 2× the other's, at one row and at the block's rows, is neither built for the whole model nor "
         "timed (bfloat16's transposed layout there: 4.7-8.5× behind). This VM's speed also varied by hour (a shared "
-        "host): compare ratios within one run, not absolute times across runs. A probe's few seconds can still meet a moment that "
-        "favours another setting than the minutes of a generation do: `DFLASH_PROBE=refresh` measures again, "
-        "`--dtype` fixes the choice.",
+        "host): compare ratios within one run, not absolute times across runs. A probe's few seconds can still meet "
+        "a moment that favours another setting than the minutes of a generation do: `DFLASH_PROBE=refresh` measures "
+        "again, `--dtype` fixes the choice.",
         END,
     ])
     path = ROOT / "BENCHMARKS.md"
