@@ -325,13 +325,13 @@ def layouts_worth_timing(layers: nn.Module, block: int, reps: int = 2) -> tuple[
     linear layer in one costs LAYOUT_SKIP times the other's at one row and at `block` rows (a copy of that layer in
     the other layout is built to tell). Returns them and that product's ms, {layout: {rows: ms}}."""
     layer = _largest_linear(layers)
-    other = layer.to_linear() if type(layer) is TransposedLinear else TransposedLinear(layer)
-    ways = {"transposed": layer, "linear": other} if type(layer) is TransposedLinear else {"linear": layer, "transposed": other}
+    transposed = type(layer) is TransposedLinear
+    ways = dict(zip(LAYOUTS, (layer.to_linear(), layer) if transposed else (layer, TransposedLinear(layer)), strict=True))
     best = _fastest_ms(ways, _rows_in(layer, sorted({1, block})), reps)
-    ms = {lay: {n: t for (way, n), t in best.items() if way == lay} for lay in LAYOUTS}
-    behind = [lay for lay in LAYOUTS if all(ms[lay][n] > LAYOUT_SKIP * min(ms[o][n] for o in LAYOUTS) for n in ms[lay])]
     # row counts as strings: what a JSON round trip (the cache, --json) makes of them
-    return [lay for lay in LAYOUTS if lay not in behind], {lay: {str(n): t for n, t in v.items()} for lay, v in ms.items()}
+    ms = {lay: {str(n): t for (way, n), t in best.items() if way == lay} for lay in LAYOUTS}
+    behind = [lay for lay in LAYOUTS if all(ms[lay][n] > LAYOUT_SKIP * min(ms[o][n] for o in LAYOUTS) for n in ms[lay])]
+    return [lay for lay in LAYOUTS if lay not in behind], ms
 
 
 def _largest_linear(layers: nn.Module) -> nn.Module:
