@@ -11,6 +11,7 @@ Note: acceptance_threshold 0.9 (the article's value) is *lossy* here; 1.0 (the d
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -96,6 +97,10 @@ class DFlashModel:
             self.engine = target
             return
         if isinstance(target, str):
+            if target not in PRESETS and not Path(target).is_dir() and not looks_like_hub_id(target):
+                # neither a preset, a directory nor an owner/name id: a typo, which the hub would retry for ~20 s
+                raise ValidationError("target", f"unknown preset or model {target!r}: a preset ({', '.join(PRESETS)}), "
+                                                f"a local model directory or a hub id (owner/name)")
             self.engine, _ = load_engine(target if target in PRESETS else None, None if target in PRESETS else target,
                                          draft_dir, dtype=config.dtype, device=config.device)
         else:  # an already loaded transformers model
@@ -140,6 +145,15 @@ def _draft_dir(name: str) -> str | None:
     return PRESETS[name].draft if name in PRESETS else name
 
 
+def _same_draft(a: str | None, b: str | None) -> bool:
+    """Whether two draft sources name the same draft: the same directory however written, or the same hub id."""
+    if a is None or b is None:
+        return False
+    if Path(a).is_dir() and Path(b).is_dir():
+        return Path(a).resolve() == Path(b).resolve()
+    return a == b
+
+
 def _check_draft_name(name: Any) -> None:
     if name is None:
         raise ValidationError("draft_model_name", f"must name a draft (None is not one); {NO_DRAFT_HINT}")
@@ -165,6 +179,6 @@ def _check_engine_agrees(config: DFlashConfig, engine: Any) -> None:
             raise ValidationError("device", f"this engine runs on {tg.device}, got {config.device!r} (leave it None with an "
                                             f"engine)")
     draft = config.draft_model_name
-    if draft != "default" and (engine.draft is None or _draft_dir(draft) != engine.draft_source):
+    if draft != "default" and (engine.draft is None or not _same_draft(_draft_dir(draft), engine.draft_source)):
         has = f"has no draft; {NO_DRAFT_HINT}" if engine.draft is None else "runs the draft it was built with"
         raise ValidationError("draft_model_name", f"leave it 'default' with an engine: this engine {has}, not {draft!r}")

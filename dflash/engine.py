@@ -34,8 +34,8 @@ from dflash.target import Target, chat_prompt_ids
 
 log = logging.getLogger("dflash")
 
-# The prompt goes through the target in chunks of this many tokens, with Stop and the deadline checked between
-# chunks: an 8,192-token prompt is seconds of work on a CPU. Chunking leaves the result the same (KV cache).
+# The prompt goes through the target in chunks of this many tokens, with Stop and the deadline checked before each
+# chunk: an 8,192-token prompt is seconds of work on a CPU. Chunking leaves the result the same (KV cache).
 PREFILL_CHUNK = 512
 # A request waiting for the engine (another one runs) re-checks its Stop and deadline this often.
 WAIT_POLL_S = 0.05
@@ -309,16 +309,17 @@ class Engine:
         return (why, "") if why else None
 
     def _prefill(self, prompt_ids: list[int], cache, capture: bool, stopped: Stopped):
-        """The prompt through the target in chunks of `prefill_chunk` tokens, `stopped()` checked between chunks.
+        """The prompt through the target in chunks of `prefill_chunk` tokens, `stopped()` checked before each chunk.
 
         Returns (logits of the last position [1, V], features [1, T, k*H] or None, None), or (None, None, the
         stop's (reason, message)) when stopped before the last chunk; the request's caches are then dropped.
         """
         logits, feats = None, []
         for i in range(0, len(prompt_ids), self.prefill_chunk):
-            why = stopped() if i else None
-            if why:
-                return None, None, why
+            why = stopped()  # before the first chunk too: a cancel already set, or a deadline passed, runs nothing
+            if why:  # says how far the prompt got: a long one on a slow CPU can spend the whole deadline here
+                where = f"while reading the prompt ({i:,} of {len(prompt_ids):,} tokens)" if i else "before reading the prompt"
+                return None, None, (why[0], f"{why[1]} {where}")
             ids = torch.tensor([prompt_ids[i : i + self.prefill_chunk]], device=self.target.device)
             logits, f = self.target.forward(ids, cache, last_only=True, capture=capture)
             if f is not None:

@@ -8,8 +8,8 @@ Grammar of one run:
         BlockSize, DraftStep × (1 to S) (none without a draft or for a block of one), Verify, Commit
     and exactly one Finished at the end. Denoising stops early once every position is committed, so with
     diffusion_steps S > 1 a block may have fewer than S DraftSteps (a block copied from the context has one).
-    A run stopped (cancel or deadline) before its first token — during a long prompt's chunked prefill, or while
-    waiting for the engine — is just Started, Finished.
+    A run stopped (cancel or deadline) before its first token — already when it starts, during a long prompt's
+    chunked prefill, or while waiting for the engine — is just Started, Finished.
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ def block_sizes(request: Request, trained: int) -> tuple[int, int, int]:
     size = request.block_size or min(trained, hi)
     lo = request.min_block_size if request.min_block_size is not None else min(DEFAULT_MIN_BLOCK, size)
     if request.block_size is not None and size > hi:  # above the trained size (the maximum when none is given)
+        if request.max_block_size is None:  # the bound is the draft's, not one the caller set: say how to lift it
+            raise ValidationError("block_size", f"must be at most the draft's trained block size, {hi}, unless "
+                                                f"max_block_size allows more (its drafts past {hi} are untrained), got {size}")
         raise ValidationError("block_size", f"must be in [{lo}, {hi}] (min/max block size), got {size}")
     if lo > size:  # no block_size given: the block is the draft's trained size (or max_block_size when smaller)
         raise ValidationError("min_block_size", f"must be <= the block size, {size} (block_size not given: the draft's "

@@ -316,6 +316,7 @@ def load_engine(preset: str | None = "default", target: str | None = None, draft
         info["device_map"] = sorted({str(v) for v in model.hf_device_map.values()})
     engine = Engine(tgt, dmodel, vocab, name=name)
     engine.host = host
+    engine.draft_source = draft if dmodel is not None else None  # DFlashModel(config, engine) compares a draft name
     return engine, info
 
 

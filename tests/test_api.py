@@ -65,6 +65,12 @@ def test_bad_model_arguments_name_the_parameter(engine):
     assert DFlashModel(DFlashConfig(), engine).last_result is None  # before the first generate: None, not an AttributeError
 
 
+def test_a_misspelt_preset_is_named_at_once_with_the_presets():
+    """It went to the hub as a model id and failed ~20 s of retries later, naming no preset."""
+    with pytest.raises(ValidationError, match=r"target: unknown preset or model 'defualt': a preset \(default, "):
+        DFlashModel(DFlashConfig(), "defualt")  # refused before any hub lookup
+
+
 def test_stop_from_another_thread(engine):
     """stream/generate take a cancel Event, as Engine.stream does: set from another thread, the run stops after the
     current block and keeps what it committed (before: 'cancel: is not a generation option')."""
@@ -84,9 +90,9 @@ def test_stop_from_another_thread(engine):
     fin = events[-1]
     assert fin.reason == "cancelled" and 0 < len(fin.output_ids) < 40
     assert fin.output_ids == model.last_result.output_ids[: len(fin.output_ids)]
-    cancel.set()  # already set: generate stops after the prefill's token
+    cancel.set()  # already set: nothing runs, not even the prefill
     model.generate("", prompt_ids=(5, 6, 7), max_new_tokens=40, cancel=cancel)
-    assert model.last_result.finish_reason == "cancelled" and len(model.last_result.output_ids) == 1
+    assert model.last_result.finish_reason == "cancelled" and model.last_result.output_ids == []
 
 
 def test_stream_and_generate_share_their_defaults(engine):
@@ -175,6 +181,24 @@ def test_a_model_on_an_engine_refuses_load_options_it_would_ignore(engine):
         with pytest.raises(ValidationError) as err:
             DFlashModel(DFlashConfig(**kw), engine)
         assert err.value.param == param
+
+
+@pytest.mark.slow
+def test_an_engine_from_load_engine_accepts_its_own_draft_however_the_directory_is_written(monkeypatch, tmp_path):
+    """load_engine did not record where its draft came from, so naming that same draft (by a relative path) was
+    refused as another one."""
+    import os
+
+    from dflash.load import load_engine
+
+    monkeypatch.setenv("DFLASH_PROBE", "0")
+    engine, info = load_engine("default", dtype="float32")
+    for name in (os.path.relpath(info["draft"]), info["draft"] + "/", "default"):
+        DFlashModel(DFlashConfig(draft_model_name=name), engine)
+    other = tmp_path / "other-draft"  # another draft directory: refused
+    save_draft(random_default_draft(engine.target, block_size=4), other)
+    with pytest.raises(ValidationError, match="runs the draft it was built with"):
+        DFlashModel(DFlashConfig(draft_model_name=str(other)), engine)
 
 
 def test_adaptive_none_per_call_means_what_it_means_in_the_config(engine):

@@ -18,6 +18,7 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from gradio_client.utils import Status
 
+from dflash.engine import PREFILL_CHUNK
 from dflash.errors import BusyError
 from dflash.events import Commit
 from dflash.request import Request
@@ -158,6 +159,9 @@ def test_values_a_client_library_cannot_send_are_refused_by_name(app, name, valu
     ({"lookup": 9}, "Copy from context: must be in [0, 8], got 9"),
     ({"preset": "../../etc/passwd"}, "Model preset: unknown preset"),
     ({"temperature": 10**400}, "Temperature: must be in [0.0, 2.0], got a number too large to represent"),
+    # An API caller's string was read by bool(): "false" switched the option on.
+    ({"step_mode": "false"}, "Step mode: must be true or false, got 'false'"),
+    ({"show_rejected": "no"}, "Show rejected draft tokens: must be true or false, got 'no'"),
 ])
 def test_bad_parameters_come_back_as_clear_errors(app, over, message):
     with pytest.raises(AppError) as info:
@@ -452,8 +456,21 @@ def test_replay_bundled_and_uploaded_traces(app, tmp_path):
     bad.write_text('{"format": "dflash-trace", "version": 1, "events": [{"type": "Evil"}]}')
     with pytest.raises(AppError, match="not a DFlash event"):
         app.client.predict(handle_file(str(bad)), True, api_name="/upload_trace")
-    with pytest.raises(AppError, match="not in the list of choices|choose one of the bundled traces"):
+    # Our own message (Gradio's "not in the list of choices" named no control and logged a traceback).
+    with pytest.raises(AppError, match="trace: choose one of the bundled traces"):
         app.client.predict("../../../etc/passwd", True, api_name="/load_trace")
+    with pytest.raises(AppError, match="Show rejected draft tokens: must be true or false, got 'false'"):
+        app.client.predict(1, 0, "false", api_name="/show_frame")
+
+
+def test_the_api_names_every_parameter_of_the_replay_and_compare_endpoints(app):
+    """Gradio names an endpoint's parameters after its handler's: they were `show_v`, `f`, `b` and `s`."""
+    endpoints = app.client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    names = {api: [p["parameter_name"] for p in endpoints[api]["parameters"]]
+             for api in ("/compare", "/show_frame", "/step_next", "/play", "/load_trace", "/upload_trace")}
+    assert names == {"/compare": ["show_rejected"], "/show_frame": ["frame", "block", "show_rejected"],
+                     "/step_next": ["frame", "block", "show_rejected"], "/play": ["frame", "block", "show_rejected"],
+                     "/load_trace": ["label", "show_rejected"], "/upload_trace": ["path", "show_rejected"]}
 
 
 def test_one_generation_at_a_time(app):
@@ -499,6 +516,20 @@ def test_deadline_ends_the_request(app):
     values = dict(zip(CONTROL_KEYS, args(max_new_tokens=200)))
     final = list(pg.generate(values, [], "s"))[-1]
     assert "Finished (timeout)" in final["status"] and "deadline of 0.001 s reached" in final["status"]
+
+
+def test_a_request_stopped_while_reading_its_prompt_says_how_far_it_got(app):
+    """A prompt of the allowed length can spend the whole deadline in its prefill on a slow CPU: the status said
+    "0 tokens in 0.0 s" after two minutes."""
+    pg = Playground(EngineProvider({"default": app.engine}), Settings(deadline_s=0.001))
+    values = dict(zip(CONTROL_KEYS, args(max_new_tokens=8)))
+    app.engine.prefill_chunk = 2
+    try:
+        status = list(pg.generate(values, [], "s"))[-1]["status"]
+    finally:
+        app.engine.prefill_chunk = PREFILL_CHUNK
+    assert re.search(r"deadline of 0\.001 s reached (while|before) reading the prompt", status)
+    assert status.endswith(" 0 tokens") and " s · " not in status
 
 
 def test_a_request_waits_for_an_engine_busy_outside_the_queue_within_its_deadline(app):

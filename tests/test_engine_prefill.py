@@ -93,7 +93,8 @@ def test_cancel_during_prefill_stops_it_and_the_engine_serves_the_next_request(t
     assert target.lengths == [8, 8], "the prefill must stop at the first chunk boundary after the cancel"
     assert [type(e) for e in events] == [Started, Finished]
     fin = events[-1]
-    assert (fin.reason, fin.message, fin.output_ids, fin.text) == ("cancelled", "stopped by the user", [], "")
+    assert (fin.reason, fin.output_ids, fin.text) == ("cancelled", [], "")
+    assert fin.message == f"stopped by the user while reading the prompt (16 of {len(PROMPT)} tokens)"
     assert not engine._lock.locked()
     again = run(engine, 8)
     assert again[-1].reason == "length" and again[-1].output_ids == expected
@@ -111,16 +112,20 @@ def test_deadline_during_prefill_gives_a_timeout(target, expected):
     events = during_second_chunk(engine, six_seconds_later, Request(prompt_ids=PROMPT, max_new_tokens=12, deadline_s=5.0))
     assert target.lengths == [8, 8]
     fin = events[-1]
-    assert (fin.reason, fin.message, fin.output_ids) == ("timeout", "deadline of 5 s reached", [])
+    assert (fin.reason, fin.output_ids) == ("timeout", [])
+    assert fin.message == f"deadline of 5 s reached while reading the prompt (16 of {len(PROMPT)} tokens)"
     events = during_second_chunk(engine, six_seconds_later, Request(prompt_ids=PROMPT, max_new_tokens=12, deadline_s=7.0))
     assert events[-1].reason == "length" and events[-1].output_ids == expected  # 6 s < 7 s: no timeout
 
 
-def test_a_stop_before_a_one_chunk_prompt_still_gives_the_prefills_token(target, expected):
-    """Stop is checked between chunks: a prompt of one chunk always completes, as before chunking."""
+def test_a_stop_set_before_the_run_starts_runs_nothing(target, expected):
+    """Stop and the deadline are checked before the first chunk too: a cancel already set ran the whole first chunk
+    (seconds of a long prompt on a CPU) and committed a token after it."""
     engine = Engine(target, tiny_draft(target, block_size=4))
     cancel = threading.Event()
     cancel.set()
-    engine.prefill_chunk = 64
+    target.lengths.clear()
     events = list(engine.stream(Request(prompt_ids=PROMPT, max_new_tokens=12), cancel))
-    assert events[-1].reason == "cancelled" and events[-1].output_ids == expected[:1]
+    assert [type(e) for e in events] == [Started, Finished] and target.lengths == []
+    assert (events[-1].reason, events[-1].message) == ("cancelled", "stopped by the user before reading the prompt")
+    assert run(engine, 8)[-1].output_ids == expected

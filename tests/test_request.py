@@ -214,6 +214,14 @@ def test_model_dependent_limits(engine, kw, param):
     assert not engine._lock.locked()
 
 
+def test_a_block_above_the_trained_size_says_how_to_allow_it(engine):
+    """It said "must be in [2, 16] (min/max block size)" to a caller who had set neither (and a block of 1 is fine)."""
+    with pytest.raises(ValidationError, match=r"block_size: must be at most the draft's trained block size, 16, unless "
+                                              r"max_block_size allows more \(its drafts past 16 are untrained\), got 17"):
+        engine.stream(Request(prompt_ids=(1,), block_size=17))
+    assert engine.check(Request(prompt_ids=(1,), block_size=17, max_block_size=17), [1]) == (17, 2, 17)
+
+
 def test_model_dependent_boundaries_accepted(engine):
     assert engine.check(Request(prompt_ids=(255,), top_k=256), [255])[0] == 16
     assert engine.check(Request(prompt_ids=(1,), block_size=16), [1]) == (16, 2, 16)

@@ -428,6 +428,16 @@ def test_compare_status_line_says_why_the_outputs_differ(tmp_path):
     assert lossy["history"][-1]["identical"] == f"✗ at {k}"
 
 
+def test_a_timed_rerun_whose_output_differed_is_said_in_its_own_sentence():
+    """It followed the difference's parenthesis as another one: "… (acceptance threshold below 1). (the timed …"."""
+    comp = {"identical": False, "first_diff": 1, "lossy": True, "diagnosis": {}, "dtype": "float32",
+            "run_tokens_per_s": 2.0, "baseline_tokens_per_s": 4.0, "speedup": 0.5}
+    status = render_stats.compared_status(comp, timed=True, repeated=False)
+    assert status.endswith("(acceptance threshold below 1). The timed run's output differed from the shown run's; "
+                           "the speeds are the timed run's.")
+    assert "differed" not in render_stats.compared_status(comp, timed=True, repeated=True)
+
+
 def test_copied_blocks_are_described_as_copies_everywhere(runs):
     """Hover text, inspector summary, grid tips, verdict line and key, replay narration and the metrics CSV say a
     copied block was copied from the context (before, several of them called it a draft)."""

@@ -19,7 +19,8 @@ FIELDS = {"prompt": "prompt", "block_size": "block_size", "steps": "diffusion_st
 WHOLE = frozenset({"block_size", "steps", "lookup", "min_block", "max_block", "max_new_tokens", "seed"})
 # Fields and other names an error may start with, as the page names them.
 _LABEL_OF_FIELD = {field: text.LABELS[key] for key, field in FIELDS.items()} | {
-    "preset": text.LABELS["preset"], "compare": "Compare with autoregressive"}
+    "preset": text.LABELS["preset"], "compare": "Compare with autoregressive",
+    "show_rejected": text.LABELS["show_rejected"], "step_mode": text.LABELS["step_mode"]}
 # Python's words in a message, and a bound too long to read, in the page's words.
 _PLAIN = {"got None": "got an empty value", f"{MAX_SEED}]": "2^63 - 1]"}
 
@@ -33,6 +34,16 @@ def user_message(exc: Exception) -> str:
     for python, plain in _PLAIN.items():
         message = message.replace(python, plain)
     return f"{_LABEL_OF_FIELD[exc.param]}: {message}"
+
+
+def flag(value: Any, key: str, default: bool) -> bool:
+    """A checkbox's raw value (an API caller may send anything): True or False, None for the default. A string is
+    refused, since "false" would count as true."""
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ValidationError(key, f"must be true or false, got {value!r}")
+    return value
 
 
 def whole(value: Any) -> Any:

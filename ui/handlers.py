@@ -28,7 +28,7 @@ from dflash.errors import DFlashError, ValidationError
 from dflash.request import Request
 from dflash.zerogpu import zero_gpu
 from ui import gpu, plots, render, torch_thread
-from ui.controls import FIELDS, WHOLE, whole
+from ui.controls import FIELDS, WHOLE, flag, whole
 from ui.engines import EngineProvider, wait_until_free
 from ui.exports import history_row, history_table, next_run_id, with_comparison, with_row, write_exports
 from ui.live import FrameThrottle, RunLook, dtype_of, final_status, hardware, live_status
@@ -166,8 +166,11 @@ class Playground:
             return
         preset = values.get("preset")
         # Every value is checked before a model is loaded for it; the load follows the visitor rules (ui/engines.py).
-        engine, request = self.engines.for_request(preset, self.make_request(values))
-        look = RunLook(bool(values.get("show_rejected", True)), bool(values.get("step_mode")), hardware(engine))
+        checked = self.make_request(values)
+        show = flag(values.get("show_rejected"), "show_rejected", True)
+        step = flag(values.get("step_mode"), "step_mode", False)
+        engine, request = self.engines.for_request(preset, checked)
+        look = RunLook(show, step, hardware(engine))
         stream, cancel = self._start(engine, preset, request, session, look)
         try:
             events = yield from self._live(stream, request, look)
@@ -290,7 +293,7 @@ class Playground:
     # -- replay ------------------------------------------------------------------------------------------------
     def load_bundled(self, label: Any, show_rejected: bool) -> dict[str, Any]:
         traces = bundled_traces()
-        if label not in traces:  # only names from the list: a user value never becomes a path
+        if not isinstance(label, str) or label not in traces:  # only names from the list: a user value never becomes a path
             raise ValidationError("trace", f"choose one of the bundled traces: {', '.join(traces) or 'none installed'}")
         return self._loaded(load_trace_file(traces[label]), "bundled", show_rejected)
 

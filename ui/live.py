@@ -106,4 +106,5 @@ def final_status(events: list) -> str:
     s = render.run_stats(events)
     rates = (f" · τ {s['tau']:.2f}" if render.above(s["n_verify"], 0) else "") + (
         f" · {s['tokens_per_s']:.1f} tok/s" if render.above(s["n_output_tokens"], 1) else "")  # undefined: 1 token
-    return f"**{render.finish_words(fin)}** {render.count(s['n_output_tokens'], 'token')} in {s['total_ms'] / 1000:.1f} s{rates}"
+    took = f" in {s['total_ms'] / 1000:.1f} s" if s["n_output_tokens"] else ""  # total_ms: to the last commit
+    return f"**{render.finish_words(fin)}** {render.count(s['n_output_tokens'], 'token')}{took}{rates}"

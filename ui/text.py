@@ -22,7 +22,8 @@ EXAMPLES = [
 LABELS = {"prompt": "Prompt", "preset": "Model preset", "block_size": "Block size", "steps": "Denoising steps",
           "confidence": "Confidence threshold", "acceptance": "Acceptance threshold", "lookup": "Copy from context",
           "adaptive": "Policy", "min_block": "Min block size", "max_block": "Max block size", "temperature": "Temperature",
-          "top_p": "Top-p", "max_new_tokens": "Max new tokens", "seed": "Seed"}
+          "top_p": "Top-p", "max_new_tokens": "Max new tokens", "seed": "Seed",
+          "show_rejected": "Show rejected draft tokens", "step_mode": "Step mode"}
 
 INFO = {
     "prompt": ("Your message to the model (its chat template is applied). At most 32,000 characters. Enter starts a new "
@@ -50,7 +51,8 @@ INFO = {
     "top_p": "Nucleus sampling: keep the smallest set of tokens whose probability adds up to this (used when temperature > 0).",
     "max_new_tokens": "Upper limit on the answer's length in tokens.",
     "seed": ("Seed of the sampling noise (same seed → same tokens in float32; in bfloat16 a rerun's block sizes, "
-             "chosen by timing, can round a near-tie the other way)."),
+             "chosen by timing, can round a near-tie the other way, and below acceptance 1.0 they change which "
+             "tokens are accepted)."),
     "show_rejected": "Also show the draft tokens the target rejected, struck through, before each correction.",
     "step_mode": "Record the run without animating, then step through it one draft/verify step at a time with Next ▶.",
 }

@@ -18,7 +18,7 @@ import gradio as gr
 from dflash.request import MAX_BLOCK_SIZE
 from ui import text
 from ui.engines import EngineProvider
-from ui.controls import user_message
+from ui.controls import flag, user_message
 from ui.handlers import CONTROL_KEYS, STOPPED_IN_QUEUE, USER_ERRORS, VIEW_KEYS, Playground
 from ui.text import REPLAY_WAITS
 
@@ -47,6 +47,12 @@ def _errors(fn: Callable[..., Any]) -> Any:
 # The status line of a request refused before it ran (the toast says why): it showed the previous run's status under
 # an "Error" badge, as if that run had failed.
 NOT_STARTED = "**Not started:** the request was refused (see the message)."
+
+
+def _shown(value: Any) -> bool:
+    """The "Show rejected draft tokens" checkbox's value as an API caller sent it (a string is refused, not read as
+    true)."""
+    return flag(value, "show_rejected", True)
 
 
 def _stream_errors(gen: Iterator[Any], status: bool = False) -> Iterator[Any]:
@@ -128,9 +134,10 @@ def _wire_generation(pg: Playground, ui: dict[str, Any], outputs: list) -> Any:
         for out in _stream_errors(pg.generate(inputs, history, request.session_hash, request.request), status=True):
             yield pack(out)
 
-    def on_compare(trace_v, history_v, show_v, request: gr.Request):
-        runs = pg.compare(trace_v, history_v, bool(show_v), request.session_hash, request.request)
-        for out in _stream_errors(runs, status=True):
+    def on_compare(trace, history, show_rejected, request: gr.Request):
+        def runs():  # the checkbox checked inside the stream, whose errors replace the status line
+            yield from pg.compare(trace, history, _shown(show_rejected), request.session_hash, request.request)
+        for out in _stream_errors(runs(), status=True):
             yield pack(out)
 
     def admit(request: gr.Request, *values: Any, **named: Any) -> list:
@@ -196,29 +203,38 @@ def _wire_replay(pg: Playground, ui: dict[str, Any], outputs: list) -> None:
     quiet = {"show_progress": "hidden", "show_progress_on": [ui["replay_label"]], "preprocess": False}
     loud = {"show_progress_on": [ui["replay_label"]]}
 
-    def on_play(trace_v, frame_v, block_v, show_v, request: gr.Request):
-        for out in _stream_errors(pg.play(trace_v, frame_v, block_v, bool(show_v), request.session_hash)):
+    def on_play(trace, frame, block, show_rejected, request: gr.Request):
+        def frames():
+            yield from pg.play(trace, frame, block, _shown(show_rejected), request.session_hash)
+        for out in _stream_errors(frames()):
             yield pack(out)
 
-    ui["load_trace"].click(lambda label, show_v: pack(_errors(lambda: pg.load_bundled(label, bool(show_v)))),
-                           [ui["trace_select"], show], outputs, api_name="load_trace", **loud)
-    ui["upload"].upload(lambda path, show_v: pack(_errors(lambda: pg.load_upload(path, bool(show_v)))),
-                        [ui["upload"], show], outputs, api_name="upload_trace", **loud)
+    def on_load_trace(label, show_rejected):
+        return pack(_errors(lambda: pg.load_bundled(label, _shown(show_rejected))))
+
+    def on_upload_trace(path, show_rejected):
+        return pack(_errors(lambda: pg.load_upload(path, _shown(show_rejected))))
+
+    # Raw (preprocess=False): Gradio's own check of a label not in the list named no control and logged a traceback.
+    ui["load_trace"].click(on_load_trace, [ui["trace_select"], show], outputs, api_name="load_trace",
+                           **loud, preprocess=False)
+    ui["upload"].upload(on_upload_trace, [ui["upload"], show], outputs, api_name="upload_trace", **loud)
     def frame_handler(draw: Callable[..., dict[str, Any]]) -> Callable[..., tuple]:
         """A replay control's handler: draws `draw(trace, frame, block, show_rejected)`, except while this session's
         generation streams (its live view must not be painted over with the previous run's frame)."""
-        def handler(t, f, b, s, request: gr.Request):
+        def handler(trace, frame, block, show_rejected, request: gr.Request):
             if pg.runs.look(request.session_hash) is not None:
                 return pack({"replay_label": REPLAY_WAITS})
-            return pack(_errors(lambda: draw(t, f, b, bool(s))))
+            return pack(_errors(lambda: draw(trace, frame, block, _shown(show_rejected))))
         return handler
 
-    def on_show_rejected(t, f, b, s, request: gr.Request):
+    def on_show_rejected(trace, frame, block, show_rejected, request: gr.Request):
+        shown = _errors(lambda: _shown(show_rejected))
         look = pg.runs.look(request.session_hash)
         if look is not None:  # the running generation's next frames and its final view follow the switch
-            look.show_rejected = bool(s)
+            look.show_rejected = shown
             return pack({})
-        return pack(_errors(lambda: pg.show_frame(t, f, b, bool(s), charts=False)) if t else {})
+        return pack(_errors(lambda: pg.show_frame(trace, frame, block, shown, charts=False)) if trace else {})
 
     # `input`, not `release`: arrow keys and a value typed into the slider's box fire input only (release waits for the
     # box to lose focus); while a pointer drags, the last value wins.
