@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -38,13 +39,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoding")
-    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate")
     g.add_argument("--block-size", type=int, help="tokens verified per step (default: the draft's trained size)")
     g.add_argument("--temperature", type=float, default=0.0,
                    help="0 = greedy; a value below 1e-5 is greedy too (as in vLLM), in [0, 2]")
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep the most likely tokens up to this mass")
+    g.add_argument("--top-k", type=int, default=0, help="keep only the k most likely tokens (0 = all)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the sampling noise (same seed, same tokens)")
     g.add_argument("--verify", choices=["match", "rejection"], default="match",
                    help="sampling rule: match = target's own seeded sample (exact, reproducible); rejection = Leviathan")
     g.add_argument("--steps", type=int, default=1, help="denoising steps per block (1 = the paper's single pass)")
@@ -54,7 +55,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-block-size", type=int,
                    help="smallest block an adaptive policy may choose (default: 2, or --block-size when smaller); "
                         "--block-size may not be below a minimum given here")
-    g.add_argument("--max-block-size", type=int)
+    g.add_argument("--max-block-size", type=int,
+                   help="largest block an adaptive policy may choose (default: the draft's trained size)")
     g.add_argument("--acceptance-threshold", type=float, default=1.0, help="1.0 = exact; < 1 relaxed and LOSSY")
     g.add_argument("--lookup-ngram", type=int, default=0, metavar="N",
                    help="copy from the context first: where the last N tokens occurred earlier, propose what followed "
@@ -106,6 +108,11 @@ def check_model_args(args: argparse.Namespace) -> None:
     check_draft_option(args)
     if args.threads is not None and args.threads < 1:
         raise ValidationError("--threads", f"must be >= 1, got {args.threads}")
+    if args.threads is not None:  # the upper bound needs dflash.host (torch): only when --threads is given
+        from dflash.host import threads_problem
+
+        if problem := threads_problem(args.threads):
+            raise ValidationError("--threads", problem)
     if getattr(args, "device", None):  # the loader's own check (it imports torch: only when a device is named)
         from dflash.load import pick_device
 
@@ -127,6 +134,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if (args.prompt is None) == (args.prompt_ids is None):
         raise ValidationError("--prompt", "give --prompt TEXT or --prompt-ids 1,2,3 (one of them, not both)")
     ids = None
+    if args.prompt == "-":  # `echo … | python -m dflash generate --prompt -`: the whole of stdin is the message
+        args.prompt = sys.stdin.read()
     if args.prompt_ids is not None:
         try:
             ids = tuple(int(x) for x in args.prompt_ids.split(",") if x.strip())
@@ -137,7 +146,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     unused = draft_only_options(args) if args.no_draft else []
     if unused:  # accepted (the same command line can time both runs) but said, never silently dropped
         print(f"note: no effect with --no-draft (they shape drafted blocks only): {', '.join(unused)}", file=sys.stderr)
-    trace = open_trace(args.trace)  # before the model loads: a bad path fails in a second, not after the load
+    check_trace_path(args.trace)  # before the model loads: a bad path fails in a second, not after the load
     engine, info = engine_from_args(args)
     if not args.json:
         print(f"[loaded {info['target']} in {info['target_load_s']:.1f} s on {info['device']}/{info['dtype']}"
@@ -147,9 +156,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     fin = None
     # Ctrl-C asks the engine to stop after the current block (or prefill chunk): it finishes with reason "cancelled", so the partial
     # output is printed and the trace ends with its Finished line.
+    events = engine.stream(request, cancel)  # checks the request against the models (a refusal raises here)
+    trace = open_trace(args.trace)  # only now: a refused command or a Ctrl-C during the load leaves an old trace alone
     previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())
     try:
-        for event in engine.stream(request, cancel):
+        for event in events:
             if trace:
                 trace.write(json.dumps(event_to_dict(event)) + "\n")
             if isinstance(event, Commit) and not args.json:
@@ -173,6 +184,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
               + (f", LOSSY: {s['drift_tokens']} tokens differ from the target's own choice" if s["lossy"] else ""),
               file=sys.stderr)
     return {"error": 1, "cancelled": 130}.get(fin.reason, 0)
+
+
+def check_trace_path(path: str | None) -> None:
+    """Refuse a --trace file that could not be written, without creating or truncating it."""
+    if not path:
+        return
+    p = Path(path)
+    problem = ("is a directory" if p.is_dir() else "its directory does not exist" if not p.parent.is_dir() else
+               "is not writable" if not os.access(p if p.exists() else p.parent, os.W_OK) else None)
+    if problem:
+        raise DFlashError(f"--trace: cannot write {path}: {problem}")
 
 
 def open_trace(path: str | None):
@@ -209,8 +231,8 @@ class Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="python -m dflash", description="DFlash block-diffusion speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
-    g = sub.add_parser("generate", help="stream one answer and print statistics")
-    g.add_argument("--prompt", help="user message (the chat template is applied)")
+    g = sub.add_parser("generate", help="stream one answer and print statistics", formatter_class=DefaultsHelp)
+    g.add_argument("--prompt", help="user message (the chat template is applied); - reads it from standard input")
     g.add_argument("--prompt-ids", help="raw prompt token ids, comma-separated (no template)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     g.add_argument("--trace", help="write every event as JSON lines to this file")
@@ -243,7 +265,9 @@ def option_name(args: argparse.Namespace, param: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the subcommand's parser: its --help lists the options (the top level's lists subcommands)
+        (getattr(args, "_parser", None) or parser).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except ValidationError as exc:

@@ -62,6 +62,13 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def threads_problem(threads: int) -> str | None:
+    """What is wrong with a thread count given by a user, or None: more threads than usable cores only contend (999 on
+    a 2-core machine ran 50x slower than 2)."""
+    cores = usable_cores()
+    return None if 1 <= threads <= cores else f"must be in [1, {cores}] (this machine's usable cores), got {threads}"
+
+
 def thread_candidates(cores: int | None = None) -> list[int]:
     """1, half the cores and all of them: on a shared or small machine fewer threads can be faster."""
     n = cores or usable_cores()
@@ -199,10 +206,12 @@ def env_threads() -> int | None:
     raw = os.environ.get("DFLASH_THREADS", "").strip()
     if not raw:
         return None
-    if not raw.isdigit() or int(raw) < 1:
-        from dflash.errors import ValidationError
+    from dflash.errors import ValidationError
 
+    if not raw.isdigit():
         raise ValidationError("DFLASH_THREADS", f"must be a whole number >= 1, got {raw!r}")
+    if problem := threads_problem(int(raw)):
+        raise ValidationError("DFLASH_THREADS", problem)
     return int(raw)
 
 

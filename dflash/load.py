@@ -21,7 +21,7 @@ import torch
 from dflash.draft import CONFIG_NAME, WEIGHTS_NAME, load_draft
 from dflash.engine import Engine
 from dflash.errors import ModelLoadError, ValidationError
-from dflash.host import HostSettings, env_dtype, env_threads
+from dflash.host import HostSettings, env_dtype, env_threads, threads_problem
 from dflash.host import choose as choose_settings
 from dflash.registry import draft_dir_problem, get_preset, looks_like_hub_id
 from dflash.target import Target
@@ -49,6 +49,8 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
 def check_threads(threads: int | None) -> None:
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValidationError("threads", f"must be an integer >= 1 (None: the host probe's choice), got {threads!r}")
+    if threads is not None and (problem := threads_problem(threads)):
+        raise ValidationError("threads", problem)
 
 
 # The dtype names the loader takes, besides "auto" (and None): its own choice. --dtype offers auto, float32, bfloat16.

@@ -143,6 +143,38 @@ def test_resume_keeps_the_original_machine_and_command(models, measured, tmp_pat
     assert "--resume" in r["resumed_command"] and "--resume" not in r["command"]
 
 
+def test_resuming_a_complete_result_measures_nothing_and_leaves_it(models, measured, tmp_path):
+    """It loaded the models, measured nothing and rewrote the file's finish time, load average and models."""
+    out = tmp_path / "r.json"
+    out.write_text(json.dumps(measured))
+    before = out.read_bytes()
+    proc = bench(models, out, "--methods", "ar", "--resume")
+    assert proc.returncode == 0 and f"nothing to resume: {out} is complete" in proc.stderr, proc.stderr
+    assert out.read_bytes() == before
+
+
+def test_an_interrupted_run_says_what_it_saved_and_how_to_continue(models, tmp_path):
+    """Ctrl-C printed only "interrupted"."""
+    import signal
+    import time
+
+    prompts = write_jsonl(tmp_path / "many.jsonl", PROMPTS * 30)
+    out = tmp_path / "r.json"
+    args = ["--target", str(models / "target"), "--draft", str(models / "draft"), "--prompts", str(prompts),
+            "--methods", "ar,dflash", "--max-new-tokens", "200", "--no-warmup", "--no-progress", "--threads", "1",
+            "--output", str(out)]
+    proc = subprocess.Popen([sys.executable, "-m", "dflash", "bench", *args], cwd=ROOT, env=ENV,
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 120
+    while not out.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130, err
+    saved = len(json.loads(out.read_text())["prompts"])
+    assert 1 <= saved < 60 and f"{saved} of 60 prompts saved in {out}; the same command with --resume continues it" in err
+
+
 def test_resume_and_overwrite_together_are_refused(models, measured, tmp_path):
     out = tmp_path / "r.json"
     before = interrupted(measured, out)

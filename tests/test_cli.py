@@ -84,6 +84,22 @@ def test_option_errors_answer_before_torch_is_imported(tmp_path, argv, option):
         assert_option_error(proc, option + ":")
 
 
+@pytest.mark.parametrize("command", ["generate", "bench"])
+def test_generate_and_bench_help_give_every_options_meaning_and_default(command):
+    """--max-new-tokens, --top-p, --top-k, --seed and --max-block-size had no help, and no option showed its default."""
+    from dflash.cli import build_parser
+
+    parser = build_parser()._subparsers._group_actions[0].choices[command]
+    for action in parser._actions:
+        if action.dest != "help":
+            assert action.help, action.option_strings
+            if action.default not in (None, False):
+                assert "(default: " in parser.formatter_class("x")._get_help_string(action), action.option_strings
+    text = " ".join(subprocess.run([sys.executable, "-m", "dflash", command, "--help"], cwd=ROOT, env=ENV,
+                                   capture_output=True, text=True, timeout=60).stdout.split())
+    assert "--max-new-tokens MAX_NEW_TOKENS most tokens to generate (default: 128)" in text
+
+
 @pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["bench", "--methods", "ar,dflash"], ["train", "eval"]])
 @pytest.mark.parametrize("folder, says", [
     ("missing", "is not a directory"),
@@ -109,6 +125,9 @@ def test_a_wrong_draft_folder_is_named_before_any_model_loads(tmp_path, command,
     (["bench", "--max-new-tokens", "1e3"], "--max-new-tokens: invalid int value: '1e3'"),
     (["train", "fit", "--data", "d"], "the following arguments are required: --out"),
     (["draft", "export", "--for", "tgi"], "--for: invalid choice: 'tgi'"),
+    # An unknown option pointed to the top level's --help, which lists the subcommands, not their options.
+    (["generate", "--prompt", "hi", "--frobnicate"], "unrecognized arguments: --frobnicate (usage: python -m dflash generate"),
+    (["bench", "--frobnicate"], "unrecognized arguments: --frobnicate (usage: python -m dflash bench --help)"),
 ])
 def test_argparses_own_errors_are_one_line_too(argv, option):
     """An invalid choice or a value that is not a number printed argparse's usage (about 20 lines) before its error."""
@@ -120,6 +139,7 @@ def test_argparses_own_errors_are_one_line_too(argv, option):
 
 @pytest.mark.parametrize("args,option", [
     (["--threads", "-1"], "--threads"),
+    (["--threads", "999"], "--threads: must be in [1, "),  # more than the machine's cores: was accepted, 50x slower
     (["--device", "foo"], "--device"),
     (["--device", "tpu"], "--device"),
 ])
@@ -136,6 +156,18 @@ def test_unwritable_trace_fails_before_the_model_loads(models):
     proc = generate("--target", str(models / "target"), "--prompt-ids", "1,2", "--trace", "/nonexistent/dir/x.jsonl")
     assert_option_error(proc, "--trace")
     assert "[loaded" not in proc.stderr
+
+
+def test_a_refused_command_leaves_an_earlier_trace_as_it_was(models, tmp_path):
+    """The trace was opened (truncated) before the models loaded and checked the request: a refused command left an
+    earlier run's trace empty."""
+    trace = tmp_path / "keep.jsonl"
+    trace.write_text("an earlier run\n")
+    proc = generate("--target", str(models / "target"), "--no-draft", "--prompt-ids", "1,999999", "--trace", str(trace))
+    assert_option_error(proc, "--prompt-ids")
+    assert trace.read_text() == "an earlier run\n"
+    assert_option_error(generate("--target", str(models / "target"), "--prompt-ids", "1,2", "--trace", str(tmp_path)),
+                        "--trace: cannot write")
 
 
 def test_a_draft_for_another_target_is_refused_with_its_reason(models):
@@ -275,3 +307,14 @@ def test_draft_only_options_under_no_draft_are_named_not_silently_dropped(models
     note = [x for x in noted.stderr.splitlines() if x.startswith("note:")]
     assert len(note) == 1 and "--steps" in note[0] and "--lookup-ngram" in note[0] and "--no-draft" in note[0]
     assert "note:" not in plain.stderr
+
+
+def test_prompt_dash_reads_the_message_from_standard_input(tmp_path):
+    """`echo … | generate --prompt -` took "-" itself as the message (on the real default target)."""
+    trace = tmp_path / "t.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "dflash", "generate", "--prompt", "-", "--no-draft", "--dtype", "float32",
+                           "--max-new-tokens", "2", "--json", "--trace", str(trace)], input="Name one colour.\n", cwd=ROOT,
+                          env={**ENV, "DFLASH_PROBE": "0"}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    started = json.loads(trace.read_text().splitlines()[0])
+    assert "Name one colour." in started["prompt_text"]

@@ -113,9 +113,22 @@ def test_a_bad_dflash_threads_names_the_variable(monkeypatch, raw):
         host.env_threads()
 
 
+def test_more_threads_than_usable_cores_are_refused(monkeypatch):
+    """999 threads on a 2-core machine were accepted and ran ~50x slower than 2."""
+    cores = host.usable_cores()
+    monkeypatch.setenv("DFLASH_THREADS", str(cores + 1))
+    with pytest.raises(ValidationError, match=rf"DFLASH_THREADS: must be in \[1, {cores}\] \(this machine's usable cores\)"):
+        host.env_threads()
+    from dflash.load import check_threads
+
+    with pytest.raises(ValidationError, match=rf"threads: must be in \[1, {cores}\]"):
+        check_threads(cores + 1)
+    check_threads(cores)
+
+
 def test_dflash_threads_fixes_the_thread_count(monkeypatch):
-    monkeypatch.setenv("DFLASH_THREADS", "3")
-    assert host.env_threads() == 3
+    monkeypatch.setenv("DFLASH_THREADS", str(host.usable_cores()))
+    assert host.env_threads() == host.usable_cores()
     monkeypatch.delenv("DFLASH_THREADS")
     assert host.env_threads() is None
 

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dflash.bench.config import DRAFT_METHODS, BenchConfig
-from dflash.cli import add_engine_args, add_model_args, check_model_args, check_output_path, engine_from_args, request_kwargs
+from dflash.cli import (DefaultsHelp, add_engine_args, add_model_args, check_model_args, check_output_path, engine_from_args,
+                        request_kwargs)
 from dflash.datasets import prompt_rows
 from dflash.errors import ValidationError
 
@@ -26,13 +27,14 @@ RANDOM_DRAFT_MAX_LAYERS = 8
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("bench", help="measure speedup against the baselines (ar, hf-generate, prompt lookup)",
-                              description="Run methods over a prompt set; write a JSON result and a Markdown table.")
+                              description="Run methods over a prompt set; write a JSON result and a Markdown table.",
+                              formatter_class=DefaultsHelp)
     g = p.add_argument_group("benchmark")
     g.add_argument("--prompts", default="mt-bench",
                    help="mt-bench | humaneval | sharegpt-heldout | FILE.jsonl (rows all with prompt text or all with "
                         "prompt_ids; docs/bench.md)")
     g.add_argument("--limit", type=int, help="first N prompts of the set (default: all)")
-    g.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated subset of %(default)s")
+    g.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated methods from %(default)s (default: all of them)")
     g.add_argument("--repeats", type=int, default=1, help="runs of each method on each prompt (interleaved)")
     g.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of each method")
     g.add_argument("--prompt-lookup-num-tokens", type=int, default=10, help="hf-prompt-lookup: tokens per lookup")
@@ -136,6 +138,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if needs and args.no_draft:
         raise ValidationError("methods", f"--no-draft loads no draft: leave {', '.join(needs)} out of --methods")
     rows = prompt_rows(args.prompts, args.limit)  # every row's format; the ids against the model after it loads
+    if args.resume and _complete(json_path):  # nothing to measure: no model load, and the file left as it was
+        print(f"nothing to resume: {json_path} is complete (pass --overwrite to measure again)", file=sys.stderr)
+        return 0
     from dflash.bench.resume import resume
     from dflash.bench.runner import check_methods, prompt_items, validate_prompts, warm_up
 
@@ -150,9 +155,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     todo = [it for it in items if it.index not in done]
     if todo and cfg.warmup:
         warm_up(engine, todo, cfg)
-    _run_prompts(engine, cfg, todo, result, (json_path, md_path), _progress_bar(len(items), len(done), args.no_progress))
+    try:
+        _run_prompts(engine, cfg, todo, result, (json_path, md_path), _progress_bar(len(items), len(done), args.no_progress))
+    except KeyboardInterrupt:
+        saved = len(result["prompts"])  # the files are written after each prompt: none before the first
+        print(f"{saved} of {len(items)} prompts saved in {json_path}; the same command with --resume continues it"
+              if saved else "no prompt finished: nothing saved", file=sys.stderr)
+        raise
     _finish(result, info["device"], json_path, md_path)
     return 0
+
+
+def _complete(json_path: Path) -> bool:
+    """Whether `json_path` holds a finished result (one that is not, or not readable, is left to `resume`)."""
+    try:
+        return json_path.exists() and json.loads(json_path.read_text()).get("complete") is True
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _bench_config(args: argparse.Namespace) -> BenchConfig:
