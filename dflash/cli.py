@@ -6,6 +6,7 @@ import argparse
 import importlib
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -263,6 +264,12 @@ def option_name(args: argparse.Namespace, param: str) -> str:
     return param
 
 
+def option_words(args: argparse.Namespace, message: str) -> str:
+    """A message's parameter names as this command's options ("must be >= min_block_size (4)" → "--min-block-size");
+    not inside a path (a folder named no_draft stays as it is)."""
+    return re.sub(r"(?<![\w/.-])[a-z]+(?:_[a-z]+)+(?![\w/.-])", lambda m: option_name(args, m.group()), message)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -271,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except ValidationError as exc:
-        print(f"error: {option_name(args, exc.param)}: {exc.message}", file=sys.stderr)
+        print(f"error: {option_name(args, exc.param)}: {option_words(args, exc.message)}", file=sys.stderr)
         return 2
     except DFlashError as exc:
         print(f"error: {exc}", file=sys.stderr)

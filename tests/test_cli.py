@@ -152,6 +152,17 @@ def test_cuda_without_cuda_is_an_option_error(models):
     assert_option_error(generate("--target", str(models / "target"), "--prompt-ids", "1,2", "--device", "cuda"), "--device")
 
 
+def test_an_option_error_names_every_option_as_typed():
+    """The bound named the request field: "--max-block-size: must be >= min_block_size (4), got 2"."""
+    from dflash.cli import build_parser, option_words
+
+    args = build_parser().parse_args(["generate", "--prompt", "hi"])
+    assert (option_words(args, "must be >= min_block_size (4) and fit max_new_tokens in /tmp/no_draft/x")
+            == "must be >= --min-block-size (4) and fit --max-new-tokens in /tmp/no_draft/x")
+    proc = generate("--prompt", "hi", "--min-block-size", "4", "--max-block-size", "2")
+    assert_option_error(proc, "--max-block-size: must be >= --min-block-size (4), got 2")
+
+
 def test_unwritable_trace_fails_before_the_model_loads(models):
     proc = generate("--target", str(models / "target"), "--prompt-ids", "1,2", "--trace", "/nonexistent/dir/x.jsonl")
     assert_option_error(proc, "--trace")
