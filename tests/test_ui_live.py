@@ -47,7 +47,7 @@ def test_refresh_intervals_hold_back_redraws_and_charts(runs):
 
 def test_status_lines_follow_the_run(runs):
     events = runs["mixed"]
-    assert live_status(events[:1]) == "Generating: reading the prompt…"
+    assert live_status(events[:1]) == f"Generating: reading the prompt ({len(events[0].prompt_ids)} tokens)…"
     first = next(i for i, e in enumerate(events) if isinstance(e, ev.Commit))
     part = events[: first + 1]
     n_verify = sum(isinstance(e, ev.Verify) for e in part)
