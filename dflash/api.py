@@ -10,6 +10,7 @@ Note: acceptance_threshold 0.9 (the article's value) is *lossy* here; 1.0 (the d
 
 from __future__ import annotations
 
+import difflib
 import threading
 from pathlib import Path
 from dataclasses import dataclass
@@ -81,7 +82,7 @@ class DFlashModel:
 
     def __init__(self, config: DFlashConfig, target: Any = "default", tokenizer: Any = None):
         from dflash.engine import Engine
-        from dflash.load import load_engine, resolve_draft_dir
+        from dflash.load import draft_source, load_engine, resolve_draft_dir
 
         if not isinstance(config, DFlashConfig):
             raise ValidationError("config", f"must be a DFlashConfig, got {type(config).__name__}")
@@ -97,8 +98,8 @@ class DFlashModel:
             self.engine = target
             return
         if isinstance(target, str):
-            if target not in PRESETS and not Path(target).is_dir() and not looks_like_hub_id(target):
-                # neither a preset, a directory nor an owner/name id: a typo, which the hub would retry for ~20 s
+            if target not in PRESETS and difflib.get_close_matches(target, PRESETS, n=1, cutoff=0.75):
+                # a preset's name misspelt: the hub would be asked for it as a model id, and retried for ~20 s
                 raise ValidationError("target", f"unknown preset or model {target!r}: a preset ({', '.join(PRESETS)}), "
                                                 f"a local model directory or a hub id (owner/name)")
             self.engine, _ = load_engine(target if target in PRESETS else None, None if target in PRESETS else target,
@@ -113,7 +114,7 @@ class DFlashModel:
                          dtype=pick_dtype(config.dtype, dev))
             dmodel, vocab = load_draft(resolve_draft_dir(draft_dir))
             self.engine = Engine(tgt, dmodel, vocab)
-        self.engine.draft_source = draft_dir  # what a later DFlashModel(config, this engine) compares its draft with
+        self.engine.draft_source = draft_source(draft_dir)  # what a later DFlashModel(config, this engine) checks
 
     @property
     def last_result(self) -> Any:

@@ -135,8 +135,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if (args.prompt is None) == (args.prompt_ids is None):
         raise ValidationError("--prompt", "give --prompt TEXT or --prompt-ids 1,2,3 (one of them, not both)")
     ids = None
-    if args.prompt == "-":  # `echo … | python -m dflash generate --prompt -`: the whole of stdin is the message
-        args.prompt = sys.stdin.read()
+    if args.prompt == "-":  # `echo … | python -m dflash generate --prompt -`: stdin is the message (echo's last
+        if sys.stdin.isatty():  # newline left out, as a shell's "$(cat file)" would)
+            print("reading the message from standard input (end it with Ctrl-D)", file=sys.stderr)
+        args.prompt = sys.stdin.read().rstrip("\n")
     if args.prompt_ids is not None:
         try:
             ids = tuple(int(x) for x in args.prompt_ids.split(",") if x.strip())
@@ -265,9 +267,21 @@ def option_name(args: argparse.Namespace, param: str) -> str:
 
 
 def option_words(args: argparse.Namespace, message: str) -> str:
-    """A message's parameter names as this command's options ("must be >= min_block_size (4)" → "--min-block-size");
-    not inside a path (a folder named no_draft stays as it is)."""
-    return re.sub(r"(?<![\w/.-])[a-z]+(?:_[a-z]+)+(?![\w/.-])", lambda m: option_name(args, m.group()), message)
+    """The request fields a message cites, as this command's options ("must be >= min_block_size (4)" →
+    "--min-block-size"). Not use_draft (its option, --no-draft, means the opposite), nor a word inside quotes or a
+    path, nor one the user typed as a value (`--draft no_draft`)."""
+    import dataclasses
+
+    from dflash.request import Request
+
+    fields = {f.name for f in dataclasses.fields(Request)} - {"use_draft"}
+    typed = " ".join(v for v in vars(args).values() if isinstance(v, str))
+
+    def named(m: re.Match) -> str:
+        word = m.group()
+        return option_name(args, word) if word in fields and word not in typed else word
+
+    return re.sub(r"(?<![\w/.'\"-])[a-z]+(?:_[a-z]+)+(?![\w/.'\"-])", named, message)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -251,6 +251,12 @@ def gpu_load_options(device: torch.device, dtype: torch.dtype, quantize: str | N
 
 
 # -- the draft and the engine -------------------------------------------------------------------------------
+def draft_source(source: str | None) -> str | None:
+    """Where a draft came from, as an engine records it: a directory by its absolute path (the working directory may
+    change later), a hub id as it is."""
+    return str(Path(source).resolve()) if source and Path(source).is_dir() else source
+
+
 def resolve_draft_dir(source: str) -> Path:
     """A local directory, or a hub id resolved through the local cache (then online) — safetensors + json only."""
     if Path(source).is_dir():
@@ -318,7 +324,7 @@ def load_engine(preset: str | None = "default", target: str | None = None, draft
         info["device_map"] = sorted({str(v) for v in model.hf_device_map.values()})
     engine = Engine(tgt, dmodel, vocab, name=name)
     engine.host = host
-    engine.draft_source = draft if dmodel is not None else None  # DFlashModel(config, engine) compares a draft name
+    engine.draft_source = draft_source(draft) if dmodel is not None else None  # what DFlashModel(config, engine) checks
     return engine, info
 
 

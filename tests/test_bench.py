@@ -168,8 +168,8 @@ def test_resume_runs_only_missing_prompts(bench_dir, bench_result):
     assert resumed["complete"] and len(resumed["prompts"]) == 2 and "resumed_at" in resumed
     assert resumed["prompts"][0] == full["prompts"][0]  # kept as recorded, not rerun
     assert resumed["prompts"][1]["methods"]["ar"]["output_ids"] == full["prompts"][1]["methods"]["ar"]["output_ids"]
-    # Complete now: a resume has nothing to measure, whatever its settings, and leaves the file alone.
-    assert main(_args(d, part, "--methods", "ar", "--no-warmup", "--resume")) == 0
+    # Other settings: refused, the file left alone.
+    assert main(_args(d, part, "--methods", "ar", "--no-warmup", "--resume")) == 2
     assert json.loads(part.read_text()) == resumed
 
 

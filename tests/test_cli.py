@@ -93,7 +93,7 @@ def test_generate_and_bench_help_give_every_options_meaning_and_default(command)
     for action in parser._actions:
         if action.dest != "help":
             assert action.help, action.option_strings
-            if action.default not in (None, False):
+            if action.default is not None and action.default is not False:  # 0 and 0.0 are defaults to show
                 assert "(default: " in parser.formatter_class("x")._get_help_string(action), action.option_strings
     text = " ".join(subprocess.run([sys.executable, "-m", "dflash", command, "--help"], cwd=ROOT, env=ENV,
                                    capture_output=True, text=True, timeout=60).stdout.split())
@@ -156,9 +156,12 @@ def test_an_option_error_names_every_option_as_typed():
     """The bound named the request field: "--max-block-size: must be >= min_block_size (4), got 2"."""
     from dflash.cli import build_parser, option_words
 
-    args = build_parser().parse_args(["generate", "--prompt", "hi"])
+    args = build_parser().parse_args(["generate", "--prompt", "hi", "--draft", "top_p"])
     assert (option_words(args, "must be >= min_block_size (4) and fit max_new_tokens in /tmp/no_draft/x")
             == "must be >= --min-block-size (4) and fit --max-new-tokens in /tmp/no_draft/x")
+    # Left as they are: use_draft (--no-draft means the opposite), a quoted word, a value the user typed.
+    for message in ("pass use_draft=False", "unknown preset 'temperature'", "top_p is not a directory"):
+        assert option_words(args, message) == message
     proc = generate("--prompt", "hi", "--min-block-size", "4", "--max-block-size", "2")
     assert_option_error(proc, "--max-block-size: must be >= --min-block-size (4), got 2")
 
@@ -320,6 +323,7 @@ def test_draft_only_options_under_no_draft_are_named_not_silently_dropped(models
     assert "note:" not in plain.stderr
 
 
+@pytest.mark.slow
 def test_prompt_dash_reads_the_message_from_standard_input(tmp_path):
     """`echo … | generate --prompt -` took "-" itself as the message (on the real default target)."""
     trace = tmp_path / "t.jsonl"
@@ -328,4 +332,4 @@ def test_prompt_dash_reads_the_message_from_standard_input(tmp_path):
                           env={**ENV, "DFLASH_PROBE": "0"}, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     started = json.loads(trace.read_text().splitlines()[0])
-    assert "Name one colour." in started["prompt_text"]
+    assert "user\nName one colour.\nassistant" in started["prompt_text"]  # echo's newline left out

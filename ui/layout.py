@@ -135,9 +135,9 @@ def controls_panel(presets: list[str], d: dict[str, Any], max_new_cap: int) -> d
         c["stop"] = gr.Button("Stop", variant="stop", elem_id="stop")
         c["reset"] = gr.Button("Reset to defaults", elem_id="reset")
     with gr.Row():
-        c["show_rejected"] = gr.Checkbox(value=d["show_rejected"], label="Show rejected draft tokens",
+        c["show_rejected"] = gr.Checkbox(value=d["show_rejected"], label=text.LABELS["show_rejected"],
                                          info=text.INFO["show_rejected"], elem_id="show-rejected")
-        c["step_mode"] = gr.Checkbox(value=d["step_mode"], label="Step mode", info=text.INFO["step_mode"],
+        c["step_mode"] = gr.Checkbox(value=d["step_mode"], label=text.LABELS["step_mode"], info=text.INFO["step_mode"],
                                      elem_id="step-mode")
     with gr.Accordion("Draft and verification", open=True):
         c.update(draft_settings(d))

@@ -42,7 +42,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--output", default="bench-result.json", help="result JSON (a Markdown table is written next to it)")
     g.add_argument("--markdown", help="Markdown path (default: the output path with .md)")
     again = g.add_mutually_exclusive_group()  # continue a file or replace it: both at once would drop one silently
-    again.add_argument("--resume", action="store_true", help="continue an interrupted run with the same settings")
+    again.add_argument("--resume", action="store_true",
+                       help="continue an interrupted run with the same settings (a complete one: nothing to do)")
     again.add_argument("--overwrite", action="store_true", help="replace an existing result file")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--random-draft", type=int, metavar="LAYERS",
@@ -138,7 +139,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if needs and args.no_draft:
         raise ValidationError("methods", f"--no-draft loads no draft: leave {', '.join(needs)} out of --methods")
     rows = prompt_rows(args.prompts, args.limit)  # every row's format; the ids against the model after it loads
-    if args.resume and _complete(json_path):  # nothing to measure: no model load, and the file left as it was
+    old = _read_result(json_path) if args.resume and json_path.exists() else None
+    if old is not None and old.get("complete") is True:  # nothing to measure: no model load, the file left as it was
+        _check_same_config(old, {"prompts": args.prompts, "limit": args.limit, "n_prompts": len(rows), **cfg.to_dict()},
+                           json_path)
         print(f"nothing to resume: {json_path} is complete (pass --overwrite to measure again)", file=sys.stderr)
         return 0
     from dflash.bench.resume import resume
@@ -149,16 +153,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     items = prompt_items(engine, rows)
     validate_prompts(engine, items, cfg)
     result = _new_result(args, engine, info, cfg, len(items))
-    if args.resume and json_path.exists():
-        resume(result, json.loads(json_path.read_text()), args.output, items)
+    if old is not None:
+        resume(result, old, args.output, items)
     done = {p["index"] for p in result["prompts"]}
     todo = [it for it in items if it.index not in done]
     if todo and cfg.warmup:
         warm_up(engine, todo, cfg)
+    written = [len(done)]  # prompts the output file holds: those resumed, then each one once written
     try:
-        _run_prompts(engine, cfg, todo, result, (json_path, md_path), _progress_bar(len(items), len(done), args.no_progress))
+        _run_prompts(engine, cfg, todo, result, (json_path, md_path), _progress_bar(len(items), len(done), args.no_progress),
+                     written)
     except KeyboardInterrupt:
-        saved = len(result["prompts"])  # the files are written after each prompt: none before the first
+        saved = written[0]
         print(f"{saved} of {len(items)} prompts saved in {json_path}; the same command with --resume continues it"
               if saved else "no prompt finished: nothing saved", file=sys.stderr)
         raise
@@ -166,12 +172,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _complete(json_path: Path) -> bool:
-    """Whether `json_path` holds a finished result (one that is not, or not readable, is left to `resume`)."""
+def _read_result(json_path: Path) -> dict:
+    """The result document `--resume` continues; a file that is not one is named, not a traceback."""
     try:
-        return json_path.exists() and json.loads(json_path.read_text()).get("complete") is True
-    except (OSError, ValueError, AttributeError):
-        return False
+        doc = json.loads(json_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ValidationError("resume", f"{json_path} is not a readable bench result ({type(exc).__name__}); use "
+                                        "--overwrite to start again") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("prompts"), list):
+        raise ValidationError("resume", f"{json_path} is not a bench result; use --overwrite to start again")
+    return doc
+
+
+def _check_same_config(old: dict, config: dict, json_path: Path) -> None:
+    """A complete result asked to resume under another configuration (more prompts, say) is refused, as an
+    incomplete one is: it would not be extended."""
+    from dflash.bench.resume import differences
+
+    differ = [d for d in differences(old, {"config": config}) if d.startswith("config")]
+    if differ:
+        raise ValidationError("resume", f"{json_path} is complete and was made under other conditions: "
+                                        f"{'; '.join(differ)}; use --overwrite to measure again")
 
 
 def _bench_config(args: argparse.Namespace) -> BenchConfig:
@@ -216,8 +237,10 @@ def _progress_bar(total: int, done: int, disable: bool):
     return tqdm(total=total, initial=done, unit="prompt", disable=disable, file=sys.stderr, dynamic_ncols=True)
 
 
-def _run_prompts(engine: Engine, cfg: BenchConfig, todo: list, result: dict, paths: tuple[Path, Path], bar) -> None:
-    """Measure the prompts of `todo`, rewriting the result files after each one (an interrupted run keeps them)."""
+def _run_prompts(engine: Engine, cfg: BenchConfig, todo: list, result: dict, paths: tuple[Path, Path], bar,
+                 written: list[int]) -> None:
+    """Measure the prompts of `todo`, rewriting the result files after each one (an interrupted run keeps them);
+    `written[0]`: how many prompts the files hold."""
     from dflash.bench import report
     from dflash.bench.runner import run_prompt
 
@@ -229,6 +252,7 @@ def _run_prompts(engine: Engine, cfg: BenchConfig, todo: list, result: dict, pat
             result["prompts"].append(run_prompt(engine, item, cfg, on_run))
             result["prompts"].sort(key=lambda p: p["index"])
             report.write_result(result, *paths)
+            written[0] = len(result["prompts"])
             bar.update(1)
         bar.set_postfix_str(_running(result))
     finally:
