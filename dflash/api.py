@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import difflib
 import threading
-from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -146,15 +145,6 @@ def _draft_dir(name: str) -> str | None:
     return PRESETS[name].draft if name in PRESETS else name
 
 
-def _same_draft(a: str | None, b: str | None) -> bool:
-    """Whether two draft sources name the same draft: the same directory however written, or the same hub id."""
-    if a is None or b is None:
-        return False
-    if Path(a).is_dir() and Path(b).is_dir():
-        return Path(a).resolve() == Path(b).resolve()
-    return a == b
-
-
 def _check_draft_name(name: Any) -> None:
     if name is None:
         raise ValidationError("draft_model_name", f"must name a draft (None is not one); {NO_DRAFT_HINT}")
@@ -168,7 +158,7 @@ def _check_draft_name(name: Any) -> None:
 def _check_engine_agrees(config: DFlashConfig, engine: Any) -> None:
     """DFlashModel(config, engine) runs the engine as it was loaded: a load option saying otherwise is refused rather
     than ignored. The defaults (dtype/device None, draft "default") leave the engine's."""
-    from dflash.load import pick_device, pick_dtype
+    from dflash.load import draft_source, pick_device, pick_dtype
 
     tg = engine.target
     if config.dtype not in (None, "auto") and pick_dtype(config.dtype, tg.device) != tg.dtype:
@@ -180,6 +170,6 @@ def _check_engine_agrees(config: DFlashConfig, engine: Any) -> None:
             raise ValidationError("device", f"this engine runs on {tg.device}, got {config.device!r} (leave it None with an "
                                             f"engine)")
     draft = config.draft_model_name
-    if draft != "default" and (engine.draft is None or not _same_draft(_draft_dir(draft), engine.draft_source)):
+    if draft != "default" and (engine.draft is None or draft_source(_draft_dir(draft)) != engine.draft_source):
         has = f"has no draft; {NO_DRAFT_HINT}" if engine.draft is None else "runs the draft it was built with"
         raise ValidationError("draft_model_name", f"leave it 'default' with an engine: this engine {has}, not {draft!r}")

@@ -46,6 +46,11 @@ def flag(value: Any, key: str, default: bool) -> bool:
     return value
 
 
+def shown_rejected(value: Any) -> bool:
+    """The "Show rejected draft tokens" checkbox as a request sent it (shown when left out, as before)."""
+    return flag(value, "show_rejected", True)
+
+
 def whole(value: Any) -> Any:
     """Sliders send floats: 16.0 → 16. Anything else goes to Request unchanged, which names the parameter."""
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():

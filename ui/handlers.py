@@ -28,7 +28,7 @@ from dflash.errors import DFlashError, ValidationError
 from dflash.request import Request
 from dflash.zerogpu import zero_gpu
 from ui import gpu, plots, render, torch_thread
-from ui.controls import FIELDS, WHOLE, flag, whole
+from ui.controls import FIELDS, WHOLE, flag, shown_rejected, whole
 from ui.engines import EngineProvider, wait_until_free
 from ui.exports import history_row, history_table, next_run_id, with_comparison, with_row, write_exports
 from ui.live import FrameThrottle, RunLook, dtype_of, final_status, hardware, live_status
@@ -167,8 +167,7 @@ class Playground:
         preset = values.get("preset")
         # Every value is checked before a model is loaded for it; the load follows the visitor rules (ui/engines.py).
         checked = self.make_request(values)
-        show = flag(values.get("show_rejected"), "show_rejected", True)
-        step = flag(values.get("step_mode"), "step_mode", False)
+        show, step = shown_rejected(values.get("show_rejected")), flag(values.get("step_mode"), "step_mode", False)
         engine, request = self.engines.for_request(preset, checked)
         look = RunLook(show, step, hardware(engine))
         stream, cancel = self._start(engine, preset, request, session, look)

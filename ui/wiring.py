@@ -18,7 +18,7 @@ import gradio as gr
 from dflash.request import MAX_BLOCK_SIZE
 from ui import text
 from ui.engines import EngineProvider
-from ui.controls import flag, user_message
+from ui.controls import shown_rejected, user_message
 from ui.handlers import CONTROL_KEYS, STOPPED_IN_QUEUE, USER_ERRORS, VIEW_KEYS, Playground
 from ui.text import REPLAY_WAITS
 
@@ -47,12 +47,6 @@ def _errors(fn: Callable[..., Any]) -> Any:
 # The status line of a request refused before it ran (the toast says why): it showed the previous run's status under
 # an "Error" badge, as if that run had failed.
 NOT_STARTED = "**Not started:** the request was refused (see the message)."
-
-
-def _shown(value: Any) -> bool:
-    """The "Show rejected draft tokens" checkbox's value as an API caller sent it (a string is refused, not read as
-    true)."""
-    return flag(value, "show_rejected", True)
 
 
 def _stream_errors(gen: Iterator[Any], status: bool = False) -> Iterator[Any]:
@@ -136,7 +130,7 @@ def _wire_generation(pg: Playground, ui: dict[str, Any], outputs: list) -> Any:
 
     def on_compare(trace, history, show_rejected, request: gr.Request):
         def runs():  # the checkbox checked inside the stream, whose errors replace the status line
-            yield from pg.compare(trace, history, _shown(show_rejected), request.session_hash, request.request)
+            yield from pg.compare(trace, history, shown_rejected(show_rejected), request.session_hash, request.request)
         for out in _stream_errors(runs(), status=True):
             yield pack(out)
 
@@ -205,15 +199,15 @@ def _wire_replay(pg: Playground, ui: dict[str, Any], outputs: list) -> None:
 
     def on_play(trace, frame, block, show_rejected, request: gr.Request):
         def frames():
-            yield from pg.play(trace, frame, block, _shown(show_rejected), request.session_hash)
+            yield from pg.play(trace, frame, block, shown_rejected(show_rejected), request.session_hash)
         for out in _stream_errors(frames()):
             yield pack(out)
 
     def on_load_trace(label, show_rejected):
-        return pack(_errors(lambda: pg.load_bundled(label, _shown(show_rejected))))
+        return pack(_errors(lambda: pg.load_bundled(label, shown_rejected(show_rejected))))
 
     def on_upload_trace(path, show_rejected):
-        return pack(_errors(lambda: pg.load_upload(path, _shown(show_rejected))))
+        return pack(_errors(lambda: pg.load_upload(path, shown_rejected(show_rejected))))
 
     # Raw (preprocess=False): Gradio's own check of a label not in the list named no control and logged a traceback.
     ui["load_trace"].click(on_load_trace, [ui["trace_select"], show], outputs, api_name="load_trace",
@@ -225,11 +219,11 @@ def _wire_replay(pg: Playground, ui: dict[str, Any], outputs: list) -> None:
         def handler(trace, frame, block, show_rejected, request: gr.Request):
             if pg.runs.look(request.session_hash) is not None:
                 return pack({"replay_label": REPLAY_WAITS})
-            return pack(_errors(lambda: draw(trace, frame, block, _shown(show_rejected))))
+            return pack(_errors(lambda: draw(trace, frame, block, shown_rejected(show_rejected))))
         return handler
 
     def on_show_rejected(trace, frame, block, show_rejected, request: gr.Request):
-        shown = _errors(lambda: _shown(show_rejected))
+        shown = _errors(lambda: shown_rejected(show_rejected))
         look = pg.runs.look(request.session_hash)
         if look is not None:  # the running generation's next frames and its final view follow the switch
             look.show_rejected = shown

@@ -159,15 +159,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     todo = [it for it in items if it.index not in done]
     if todo and cfg.warmup:
         warm_up(engine, todo, cfg)
-    written = [len(done)]  # prompts the output file holds: those resumed, then each one once written
-    try:
-        _run_prompts(engine, cfg, todo, result, (json_path, md_path), _progress_bar(len(items), len(done), args.no_progress),
-                     written)
-    except KeyboardInterrupt:
-        saved = written[0]
-        print(f"{saved} of {len(items)} prompts saved in {json_path}; the same command with --resume continues it"
-              if saved else "no prompt finished: nothing saved", file=sys.stderr)
-        raise
+    _run_prompts(engine, cfg, todo, result, (json_path, md_path), _progress_bar(len(items), len(done), args.no_progress))
     _finish(result, info["device"], json_path, md_path)
     return 0
 
@@ -237,13 +229,13 @@ def _progress_bar(total: int, done: int, disable: bool):
     return tqdm(total=total, initial=done, unit="prompt", disable=disable, file=sys.stderr, dynamic_ncols=True)
 
 
-def _run_prompts(engine: Engine, cfg: BenchConfig, todo: list, result: dict, paths: tuple[Path, Path], bar,
-                 written: list[int]) -> None:
-    """Measure the prompts of `todo`, rewriting the result files after each one (an interrupted run keeps them);
-    `written[0]`: how many prompts the files hold."""
+def _run_prompts(engine: Engine, cfg: BenchConfig, todo: list, result: dict, paths: tuple[Path, Path], bar) -> None:
+    """Measure the prompts of `todo`, rewriting the result files after each one (an interrupted run keeps them, and
+    Ctrl-C says how many)."""
     from dflash.bench import report
     from dflash.bench.runner import run_prompt
 
+    written = len(result["prompts"])  # the prompts the files hold: those resumed, then each one once written
     try:
         for item in todo:
             def on_run(method: str, repeat: int) -> None:
@@ -252,9 +244,13 @@ def _run_prompts(engine: Engine, cfg: BenchConfig, todo: list, result: dict, pat
             result["prompts"].append(run_prompt(engine, item, cfg, on_run))
             result["prompts"].sort(key=lambda p: p["index"])
             report.write_result(result, *paths)
-            written[0] = len(result["prompts"])
+            written = len(result["prompts"])
             bar.update(1)
         bar.set_postfix_str(_running(result))
+    except KeyboardInterrupt:
+        print(f"{written} of {bar.total} prompts saved in {paths[0]}; the same command with --resume continues it"
+              if written else "no prompt finished: nothing saved", file=sys.stderr)
+        raise
     finally:
         bar.close()
 
