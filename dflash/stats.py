@@ -191,6 +191,20 @@ def diagnose_difference(ref_ids: list[int], ref_gaps: list[float] | None, run_id
             "bound": bound, "verdict": "tie" if tie else "error"}
 
 
+def difference_words(diag: dict, dtype: str = "") -> str:
+    """A `diagnose_difference` result in words: a numerical tie (both top-2 gaps within the dtype's bound), not a
+    tie (a bug), or not decidable (gaps not recorded). A lossy run's difference is its callers' to word."""
+    if diag["ref_token"] is None or diag["run_token"] is None:
+        return "NOT a tie (one output ends there) — a bug"
+    if diag["ref_gap"] is None or diag["run_gap"] is None:
+        return "not shown to be a tie (no top-2 gaps recorded: sampling with top-k / top-p, or an older record)"
+    gaps, dtype = f"top-2 gaps {diag['ref_gap']:.3g} / {diag['run_gap']:.3g}", dtype or "unknown dtype"
+    if diag["verdict"] == "tie":
+        return f"numerical tie ({gaps} ≤ {diag['bound']:.3g}, {dtype})"
+    bound = f"bound {diag['bound']:.3g}" if diag["bound"] else "no tie bound"  # float32 is exact; unmeasured; unknown
+    return f"NOT a tie ({gaps}, {bound}, {dtype}) — a bug"
+
+
 def output_gaps(events: Iterable[ev.Event]) -> list[float] | None:
     """The target's top-2 gap per output token, from the run's Commits; None when a Commit with tokens has none
     (sampling with top-k / top-p, or a trace recorded before the gaps were)."""

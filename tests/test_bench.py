@@ -528,13 +528,15 @@ def test_summary_speedup_spread_identity_memory():
     md = report.markdown(r)
     assert "| dflash | 2.30× | 2.22 / 2.33 / 2.44 | 2.00–2.67 |" in md
     assert "prompt 1, dflash: first difference at output token 2" in md and "| 1/2 (0 ties, 1 error) |" in md
+    assert "(ar 3, dflash 3): not shown to be a tie (no top-2 gaps recorded" in md  # the playground's words
     tie = {"position": 2, "ref_token": 3, "run_token": 3, "ref_gap": 0.03, "run_gap": 0.05, "bound": 0.25,
            "verdict": "tie"}
     r["prompts"][1]["methods"]["dflash"]["diagnosis"] = tie
     summ = report.summarize(r)
     assert (summ["dflash"]["identical"]["n_ties"], summ["dflash"]["identical"]["n_errors"]) == (1, 0)
     r["summary"], r["differences"] = summ, report.differences(r["prompts"])
-    assert "(ar 3, dflash 3): numerical tie (top-2 gaps 0.03 / 0.05, bound 0.25)" in report.markdown(r)
+    r["models"]["dtype"] = "bfloat16"
+    assert "(ar 3, dflash 3): numerical tie (top-2 gaps 0.03 / 0.05 ≤ 0.25, bfloat16)" in report.markdown(r)
     for run in r["prompts"][1]["methods"]["dflash"]["runs"]:  # the same difference from a lossy run: expected
         run["stats"] = {"lossy": True, "drift_tokens": 2}
     summ = report.summarize(r)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dflash import events as ev
 from dflash.stats import TIE_BOUND, diagnose_difference, output_gaps
+from dflash.stats import difference_words as stats_difference_words  # the playground's own adds the lossy case
 from ui.render import above, attr, finished, run_stats
 from ui.run_state import RunState, as_state
 
@@ -29,20 +30,11 @@ def comparison(run_events: list, base_events: list, dtype: str = "", timed: list
 
 
 def difference_words(comp: dict) -> str:
-    """Why the outputs differ at `comp["first_diff"]`, in words: a numerical tie (both top-2 gaps within the
-    dtype's bound), or not (a bug), or not decidable (a lossy run, gaps not recorded)."""
-    d, dtype = comp["diagnosis"], comp["dtype"] or "unknown dtype"
+    """Why the outputs differ at `comp["first_diff"]`, in words (`dflash.stats.difference_words`; a lossy run's
+    difference is expected)."""
     if comp["lossy"]:
         return "expected, the run is lossy (acceptance threshold below 1)"
-    if d["ref_token"] is None or d["run_token"] is None:
-        return "NOT a tie (one output ends there) — a bug"
-    if d["ref_gap"] is None or d["run_gap"] is None:
-        return "not shown to be a tie (no top-2 gaps recorded: sampling with top-k / top-p, or an older trace)"
-    gaps = f"top-2 gaps {d['ref_gap']:.3g} / {d['run_gap']:.3g}"
-    if d["verdict"] == "tie":
-        return f"numerical tie ({gaps} ≤ {d['bound']:.3g}, {dtype})"
-    bound = f"bound {d['bound']:.3g}" if d["bound"] else "no tie bound"  # float32 is exact; unmeasured; unknown
-    return f"NOT a tie ({gaps}, {bound}, {dtype}) — a bug"
+    return stats_difference_words(comp["diagnosis"], comp["dtype"])
 
 
 def _output_ids(events: list) -> list[int]:

@@ -264,10 +264,8 @@ def _finish(result: dict, device: str, json_path: Path, md_path: Path) -> None:
     report.write_result(result, json_path, md_path)
     print(report.markdown(result))
     for d in result["differences"]:
-        why = {"tie": "a numerical tie", "lossy": "expected: the run is lossy, acceptance threshold below 1"}.get(
-            d["verdict"], "NOT a tie: an error")
-        print(f"warning: prompt {d['prompt']}: {d['method']} differs from ar at output token {d['first_diff']} ({why})",
-              file=sys.stderr)
+        print(f"warning: prompt {d['prompt']}: {d['method']} differs from ar at output token {d['first_diff']}: "
+              f"{report.why(d, result['models'].get('dtype') or '')}", file=sys.stderr)
     print(f"[wrote {json_path} and {md_path}]", file=sys.stderr)
 
 

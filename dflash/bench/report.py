@@ -13,7 +13,7 @@ import os
 import statistics
 from pathlib import Path
 
-from dflash.stats import speedup
+from dflash.stats import difference_words, speedup
 
 
 def _median(values: list[float]) -> float:
@@ -95,10 +95,10 @@ def summarize_method(prompts: list[dict], method: str, baseline: str, repeats: i
 
 
 def _verdict(rec: dict) -> str | None:
-    """Why a compared output (greedy, or sampled by the engine) differs from `ar`: "lossy" when the compared run accepted drafts by the relaxed rule
-    (acceptance threshold < 1: its stats count tokens that differ from the target's own choice, so the difference
-    is the opt-in loss, not a fault), else the numerical diagnosis, "tie" or "error" (a record written before
-    diagnoses: "error", nothing shows it to be a tie). None when it does not differ."""
+    """Why a compared output (greedy, or sampled by the engine) differs from `ar`: "lossy" when the compared run
+    accepted drafts by the relaxed rule (acceptance threshold < 1: its stats count tokens that differ from the
+    target's own choice, so the difference is the opt-in loss, not a fault), else the numerical diagnosis, "tie" or
+    "error" (a record written before diagnoses: "error", nothing shows it to be a tie). None when it does not differ."""
     if rec["identical"] is not False:
         return None
     if _drift_tokens(rec):
@@ -161,13 +161,16 @@ def _fmt_identical(ident: dict) -> str:
     return text
 
 
-def _why(d: dict) -> str:
-    """One difference in words, with both runs' top-2 gaps at the first differing token."""
-    gaps = f"top-2 gaps {_gap(d.get('ar_gap'))} / {_gap(d.get('method_gap'))}"
+def why(d: dict, dtype: str) -> str:
+    """One difference of `differences` in words (`dflash.stats.difference_words`), with both runs' top-2 gaps at
+    the first differing token."""
     if d.get("verdict") == "lossy":
         n = d["drift_tokens"]
+        gaps = f"top-2 gaps {_gap(d.get('ar_gap'))} / {_gap(d.get('method_gap'))}"
         return f"expected, the run is lossy ({n} token{'s' * (n != 1)} accepted by the relaxed rule; {gaps})"
-    return f"{'numerical tie' if d.get('verdict') == 'tie' else 'NOT a tie'} ({gaps}, bound {_gap(d.get('bound'))})"
+    diag = {"ref_token": d["ar_token"], "run_token": d["method_token"], "ref_gap": d.get("ar_gap"),
+            "run_gap": d.get("method_gap"), "bound": d.get("bound"), "verdict": d.get("verdict")}
+    return difference_words(diag, dtype)
 
 
 def markdown(result: dict) -> str:
@@ -202,7 +205,7 @@ def markdown(result: dict) -> str:
     if diffs:
         lines += ["", f"{'Greedy outputs' if cfg['greedy'] else 'Outputs (same seed)'} that differ from `ar`:", ""]
         lines += [f"- prompt {d['prompt']}, {d['method']}: first difference at output token {d['first_diff']} "
-                  f"(ar {d['ar_token']}, {d['method']} {d['method_token']}): {_why(d)}" for d in diffs]
+                  f"(ar {d['ar_token']}, {d['method']} {d['method_token']}): {why(d, models.get('dtype') or '')}" for d in diffs]
     elif cfg["greedy"] and "ar" in cfg["methods"] and len(cfg["methods"]) > 1:
         lines += ["", "Every greedy output equals the `ar` output."]
     elif any(result["summary"][m]["identical"] for m in cfg["methods"]):  # sampled: the engine's methods, compared
