@@ -57,7 +57,8 @@ class SlowStart(Controller):
             reason = f"all {drafted} accepted: grow ×2 → {new}" if new != self.size else f"all accepted, at max {new}"
         elif outcome.accepted_len + 1 < outcome.block_size // 2:
             new = max(self.min_size, self.size // 2)
-            reason = f"rejected at {outcome.accepted_len + 1}/{outcome.block_size}: halve → {new}" if new != self.size else f"early rejection, at min {new}"
+            reason = (f"rejected at {outcome.accepted_len + 1}/{outcome.block_size}: halve → {new}" if new != self.size
+                      else f"early rejection, at min {new}")
         else:
             new = self.size
             reason = f"accepted {outcome.accepted_len}/{drafted}: keep {new}"

@@ -157,8 +157,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
               + (f"; {engine.host.summary()}" if engine.host else "") + "]", file=sys.stderr)
     cancel = threading.Event()
     fin = None
-    # Ctrl-C asks the engine to stop after the current block (or prefill chunk): it finishes with reason "cancelled", so the partial
-    # output is printed and the trace ends with its Finished line.
+    # Ctrl-C asks the engine to stop after the current block (or prefill chunk): it finishes with reason "cancelled",
+    # so the partial output is printed and the trace ends with its Finished line.
     events = engine.stream(request, cancel)  # checks the request against the models (a refusal raises here)
     trace = open_trace(args.trace)  # only now: a refused command or a Ctrl-C during the load leaves an old trace alone
     previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())

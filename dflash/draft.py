@@ -303,7 +303,8 @@ def read_draft_config(directory: str | Path) -> DraftConfig:
         raise ModelLoadError(f"draft: {CONFIG_NAME} is not a valid DFlash draft config: {why}") from None
 
 
-def load_draft(directory: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> tuple[DFlashDraftModel, torch.Tensor | None]:
+def load_draft(directory: str | Path, dtype: torch.dtype = torch.float32,
+               device: str | torch.device = "cpu") -> tuple[DFlashDraftModel, torch.Tensor | None]:
     """Load config.json + model.safetensors with strict key matching. Returns (model, draft vocab ids or None)."""
     directory = Path(directory)
     model = DFlashDraftModel(read_draft_config(directory))

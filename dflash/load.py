@@ -178,7 +178,8 @@ def load_target_model(source: str, **gpu):
     try:
         return _load_dir(source, local_only=False, **gpu)
     except OSError:
-        raise ModelLoadError(f"target: cannot load {source}: not a local directory, not in the hub cache, and the hub is unreachable") from None
+        raise ModelLoadError(f"target: cannot load {source}: not a local directory, not in the hub cache, "
+                             "and the hub is unreachable") from None
 
 
 # -- CUDA loading: bitsandbytes quantization and accelerate device maps ------------------------------------
@@ -234,7 +235,8 @@ def gpu_load_options(device: torch.device, dtype: torch.dtype, quantize: str | N
     the weights placed at load time (a quantized model cannot be moved or cast afterwards)."""
     if device.type != "cuda":
         if quantize:
-            raise ModelLoadError(f"--quantize {quantize}: bitsandbytes quantization needs a CUDA device; this run is on {device.type}")
+            raise ModelLoadError(f"--quantize {quantize}: bitsandbytes quantization needs a CUDA device; "
+                                 f"this run is on {device.type}")
         if device_map:
             raise ModelLoadError(f"device_map {device_map}: accelerate device maps need CUDA; this run is on {device.type}")
         return {}

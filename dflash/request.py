@@ -105,7 +105,8 @@ class Request:
             # Rejection sampling needs each position's proposal law q; with S > 1 a position depends on later ones.
             raise ValidationError("diffusion_steps", "must be 1 with verify='rejection' (use verify='match')")
         if self.verify == "rejection" and self.acceptance_threshold < 1.0:
-            raise ValidationError("acceptance_threshold", "must be 1.0 with verify='rejection' (relaxed acceptance applies to 'match')")
+            raise ValidationError("acceptance_threshold",
+                                  "must be 1.0 with verify='rejection' (relaxed acceptance applies to 'match')")
         _int("lookup_ngram", self.lookup_ngram, 0, MAX_NGRAM)
         if self.deadline_s is not None:
             _float("deadline_s", self.deadline_s, 0.0, 86_400.0, lo_open=True)

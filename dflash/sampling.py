@@ -51,7 +51,8 @@ def position_seed(seed: int, position: int, stream: int = GUMBEL_TARGET) -> int:
     return _splitmix64(_splitmix64(_splitmix64(seed) ^ position) ^ stream) >> 1
 
 
-def gumbel_noise(seed: int, positions: list[int], vocab: int, stream: int = GUMBEL_TARGET, device: torch.device | str = "cpu") -> torch.Tensor:
+def gumbel_noise(seed: int, positions: list[int], vocab: int, stream: int = GUMBEL_TARGET,
+                 device: torch.device | str = "cpu") -> torch.Tensor:
     """[len(positions), vocab] float32 Gumbel(0,1) noise, row i from (seed, positions[i], stream), on `device`.
 
     Counter-based: entry [i, j] is the j-th output of a SplitMix64 stream seeded with position_seed(...), computed
@@ -97,7 +98,8 @@ def target_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p
     return torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
 
 
-def sample_with_noise(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, gumbel: torch.Tensor | None) -> torch.Tensor:
+def sample_with_noise(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+                      gumbel: torch.Tensor | None) -> torch.Tensor:
     """Gumbel-max sampling: argmax(filtered logits / T + g) ~ softmax(filtered logits / T). [..., V] → [...].
 
     temperature 0 (or no noise) is plain argmax and consumes no randomness.

@@ -76,9 +76,9 @@ class Target:
         head = model.get_output_embeddings()
         self.head = PackedLinear(head.weight)  # the LM head for multi-row products (verify, draft)
         # Only for plain (unplaced, unquantized) CPU models, where PackedLinear can pay; elsewhere model(...) as is.
-        self._split_head = self.cpu_fast_paths = (self.device.type == "cpu" and type(model).__name__ in _PLAIN_HEAD and type(head) is nn.Linear
-                            and head.bias is None and hasattr(model, "model") and not getattr(model, "hf_device_map", None)
-                            and getattr(model, "hf_quantizer", None) is None)
+        self._split_head = self.cpu_fast_paths = (self.device.type == "cpu" and type(model).__name__ in _PLAIN_HEAD
+                            and type(head) is nn.Linear and head.bias is None and hasattr(model, "model")
+                            and not getattr(model, "hf_device_map", None) and getattr(model, "hf_quantizer", None) is None)
         if layout is not None and self._split_head:  # CPU only: see dflash.packed.TransposedLinear
             set_layout(model.model.layers, layout)
         self.float32_from_rows = float32_from_rows if (self._split_head and dtype != torch.float32) else 0
@@ -126,7 +126,8 @@ class Target:
             cache.crop(remove)
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, cache, last_only: bool = False, capture: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, ids: torch.Tensor, cache, last_only: bool = False,
+                capture: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """ids [1, T] → (logits [T or 1, V] float32, features [1, T, k*H] or None). Extends `cache` by T."""
         self._captured.clear()
         self._capture_on = capture

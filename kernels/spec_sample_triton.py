@@ -51,8 +51,8 @@ def _probs(x, offs, V, lo, m, z, hot, ONEHOT: tl.constexpr):
 def _spec_sample_kernel(logits_ptr, stride_lb, stride_lr, q_ptr, stride_qb, stride_qr, noise_ptr, stride_nb,
                         stride_nr, draft_ptr, stride_db, u_ptr, stride_ub, ptok_ptr, cand_ptr, accepted_ptr,
                         V, n_draft, temperature, top_k, top_p,
-                        ONEHOT: tl.constexpr, SCALE: tl.constexpr, TOP_K: tl.constexpr, TOP_P: tl.constexpr, BLOCK_V: tl.constexpr,
-                        BLOCK_R: tl.constexpr):
+                        ONEHOT: tl.constexpr, SCALE: tl.constexpr, TOP_K: tl.constexpr, TOP_P: tl.constexpr,
+                        BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr):
     pid = tl.program_id(0)
     rows = n_draft + 1
     b = pid // rows

@@ -26,7 +26,8 @@ def knob_files() -> list[dict]:
 
 
 def knob_rows() -> str:
-    rows = ["| knob (4 MT-Bench prompts × 64 tokens, greedy) | τ | speedup vs ar (spread) | draft share | drift tokens | identical to ar |",
+    rows = ["| knob (4 MT-Bench prompts × 64 tokens, greedy) | τ | speedup vs ar (spread) | draft share | drift tokens "
+            "| identical to ar |",
             "|---|---|---|---|---|---|"]
     for d in knob_files():
         s = d["summary"].get("dflash", {})
@@ -36,8 +37,9 @@ def knob_rows() -> str:
         drift = sum(r["stats"].get("drift_tokens", 0) for r in runs)
         sp = s["speedup"]["decode"]
         ident = s["identical"]
-        rows.append(f"| `{d['command'].split('--max-new-tokens 64')[-1].strip()}`{'' if d.get('complete') else ' (incomplete)'} | "
-                    f"{s['tau']:.2f} | {sp['speedup']:.2f}× ({sp['min']:.2f}–{sp['max']:.2f}) | {s['draft_share']:.0%} | {drift} | "
+        knob = d['command'].split('--max-new-tokens 64')[-1].strip()
+        rows.append(f"| `{knob}`{'' if d.get('complete') else ' (incomplete)'} | {s['tau']:.2f} | "
+                    f"{sp['speedup']:.2f}× ({sp['min']:.2f}–{sp['max']:.2f}) | {s['draft_share']:.0%} | {drift} | "
                     f"{ident['n_identical']}/{ident['n_compared']} |")
     return "\n".join(rows)
 
@@ -54,7 +56,8 @@ def verdict(headline: dict) -> str:
     """The headline verdict, computed from the result files (every number below comes from results/*.json);
     `headline`: the MT-Bench run's JSON, already read."""
     runs = [json.loads((res / f"{n}.json").read_text())["summary"] for n in HEADLINES]
-    sp = {m: [s[m]["speedup"]["decode"]["speedup"] for s in runs if m in s] for m in ("dflash", "hf-prompt-lookup", "hf-generate")}
+    sp = {m: [s[m]["speedup"]["decode"]["speedup"] for s in runs if m in s]
+          for m in ("dflash", "hf-prompt-lookup", "hf-generate")}
     tau = [s["dflash"]["tau"] for s in runs if "dflash" in s]
     same = [s[m]["identical"] for s in runs for m in s if m != "ar" and s[m].get("identical")]
     n_same, n_all = sum(i["n_identical"] for i in same), sum(i["n_compared"] for i in same)
@@ -100,7 +103,8 @@ def knob_verdict() -> str:
     rows.sort(reverse=True)
     lossy = [f"`{c}`" for _, c, dr in rows if dr]
     return (f"Fastest knob on these prompts: `{rows[0][1]}` ({rows[0][0]:.2f}×); slowest: `{rows[-1][1]}` "
-            f"({rows[-1][0]:.2f}×). {sum(round(sp, 2) > 1 for sp, _, _ in rows)} of {len(rows)} knobs beat `ar` with the shipped draft. "
+            f"({rows[-1][0]:.2f}×). {sum(round(sp, 2) > 1 for sp, _, _ in rows)} of {len(rows)} knobs beat `ar` "
+            "with the shipped draft. "
             f"Lossy (emitted tokens that differ from the target's own): {', '.join(lossy) or 'none'}.")
 
 
@@ -115,7 +119,8 @@ def lookup_section() -> str:
         return "Not measured yet (`bash scripts/final_bench.sh` runs it)."
     m, host = files[0][1]["machine"], files[0][1]["models"].get("host") or {}
     flags = ", ".join((host.get("machine") or {}).get("cpu_flags", [])) or m.get("cpu_capability", "?")
-    settings = f"{host['dtype']}, {threads(host['threads'])} (the host probe's choice)" if host else files[0][1]["models"]["dtype"]
+    settings = (f"{host['dtype']}, {threads(host['threads'])} (the host probe's choice)" if host
+                else files[0][1]["models"]["dtype"])
     out = [f"Measured on {m['cpu_model']}, {m['logical_cores']} cores ({flags}), {settings}, quiet; the three methods "
            "interleaved on each prompt, default block policy."]
     for name, d in files:

@@ -209,7 +209,8 @@ def lookup_text(bench: dict) -> str:
     blocks = "the draft's block size, fixed" if policy == "fixed" else f"the `{policy}` block policy"
     copied = round(lf["copy_share"] * sum(lf["acceptance_histogram"].values()))
     return (f"Lookup first ({cfg['prompts']}, {n} prompts × {cfg['request']['max_new_tokens']} tokens, "
-            f"{bench['machine']['cpu_model']}, {bench['models']['dtype']}, {bench['machine']['torch_threads']} threads, {blocks}, interleaved with the "
+            f"{bench['machine']['cpu_model']}, {bench['models']['dtype']}, {bench['machine']['torch_threads']} threads, "
+            f"{blocks}, interleaved with the "
             f"no-draft loop; {copied} blocks copied, {lf['copy_share']:.0%} of its blocks): τ **{lf['tau']:.2f}** and "
             f"**{lf['speedup']['decode']['speedup']:.2f}×** the no-draft loop, against the draft alone's τ {d['tau']:.2f} and "
             f"{d['speedup']['decode']['speedup']:.2f}×; outputs identical to the no-draft loop: "

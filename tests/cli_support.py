@@ -1,8 +1,16 @@
-"""What the train CLI's tests share: a bad option's one-line error."""
+"""What the CLI's tests share: a bad option's one-line error, and a subprocess that Ctrl-C reaches."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
+
+
+def interruptible() -> None:
+    """`preexec_fn` for a CLI run that a test stops with SIGINT, as a terminal's Ctrl-C would: where pytest itself
+    runs with SIGINT ignored (`cmd &` in a non-interactive shell), its children inherit the ignore, Python installs
+    no KeyboardInterrupt handler and the signal would be lost."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def assert_option_error(proc: subprocess.CompletedProcess, option: str) -> None:

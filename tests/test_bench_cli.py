@@ -14,6 +14,7 @@ import pytest
 
 from conftest import tiny_draft, tiny_target
 from dflash.draft import save_draft
+from tests.cli_support import interruptible
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -172,7 +173,7 @@ def test_an_interrupted_run_says_what_it_saved_and_how_to_continue(models, tmp_p
             "--methods", "ar,dflash", "--max-new-tokens", "200", "--no-warmup", "--no-progress", "--threads", "1",
             "--output", str(out)]
     proc = subprocess.Popen([sys.executable, "-m", "dflash", "bench", *args], cwd=ROOT, env=ENV,
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, preexec_fn=interruptible)
     deadline = time.monotonic() + 120
     while not out.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from dflash.draft import DFlashDraftModel, DraftConfig, save_draft
+from tests.cli_support import interruptible
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -237,7 +238,8 @@ def test_ctrl_c_stops_cleanly_with_partial_output_and_a_complete_trace(models, t
     trace = tmp_path / "t.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "dflash", "generate", "--target", str(models / "target"), "--no-draft",
                              "--prompt-ids", "5,6,7", "--max-new-tokens", "4000", "--json", "--trace", str(trace)],
-                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=interruptible)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (not trace.exists() or trace.read_text().count('"Commit"') < 5):
         time.sleep(0.02)

@@ -111,7 +111,8 @@ def test_bad_options_get_one_line_naming_the_option(tiny, tmp_path):
          "--draft: hidden size 64 does not match the target's 96: not a draft for"),
         (["--draft", draft, "--for", "vllm", "--target", str(tmp_path / "nowhere"), "--out", str(tmp_path / "f")],
          "--target: "),
-        (["--draft", str(last), "--for", "full-head", "--out", str(tmp_path / "h")], "--draft: fuses the target's last layer (3)"),
+        (["--draft", str(last), "--for", "full-head", "--out", str(tmp_path / "h")],
+         "--draft: fuses the target's last layer (3)"),
         (["--draft", str(deeper), "--for", "vllm", "--target", tgt, "--out", str(tmp_path / "i")],
          "--draft: target_layer_ids [5] do not exist in the target (4 layers)"),
     ]

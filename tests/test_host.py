@@ -172,7 +172,8 @@ def test_the_tables_verdicts_give_each_ratio_with_its_interval_over_the_prompts(
     recorded one, without where it did not (older runs)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("host_settings", Path(__file__).resolve().parent.parent / "scripts" / "host_settings.py")
+    script = Path(__file__).resolve().parent.parent / "scripts" / "host_settings.py"
+    spec = importlib.util.spec_from_file_location("host_settings", script)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     monkeypatch.setattr(script, "OUT", tmp_path)

@@ -17,6 +17,7 @@ from dflash.engine import Engine
 from dflash.request import Request
 from dflash.training.data import load_shards
 from dflash.training.fit import FitConfig, Trainer
+from tests.cli_support import interruptible
 
 
 def cfg(data_dir, out, steps):
@@ -254,9 +255,8 @@ def test_ctrl_c_in_train_fit_prints_one_line_and_exits_130(data_dir, tmp_path):
            "--layer-ids", "2", "--block-size", "4", "--steps", "100000", "--seqs-per-step", "1", "--draft-vocab", "0",
            "--mask-token-id", "255", "--threads", "1"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    # SIGINT as a terminal delivers it, also where pytest itself runs with it ignored (`cmd &` in a script).
     proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parent.parent, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
     deadline = time.time() + 60
     while not (out / "train_log.jsonl").is_file() or not (out / "train_log.jsonl").read_text():  # in the training loop
         assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else "slow"

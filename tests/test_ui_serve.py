@@ -86,7 +86,8 @@ def test_a_command_line_error_is_one_line(argv, says):
 def test_help_lists_the_option_and_the_environment():
     proc = serve("--help")
     assert proc.returncode == 0 and "--draft DIR" in proc.stdout and "--port PORT" in proc.stdout
-    assert all(name in proc.stdout for name in ("DFLASH_THREADS", "DFLASH_PRESETS", "DFLASH_DTYPE", "DFLASH_PROBE", "DFLASH_DRAFT"))
+    names = ("DFLASH_THREADS", "DFLASH_PRESETS", "DFLASH_DTYPE", "DFLASH_PROBE", "DFLASH_DRAFT")
+    assert all(name in proc.stdout for name in names)
 
 
 @pytest.mark.slow

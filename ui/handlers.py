@@ -90,7 +90,8 @@ def trace_state(trace: Trace, **extra: Any) -> dict:
 
 
 def view(events: RunState | list, show_rejected: bool = True, block: int | None = None,
-         baseline: RunState | list | None = None, compare: dict | None = None, hw: str = "", charts: bool = True) -> dict[str, Any]:
+         baseline: RunState | list | None = None, compare: dict | None = None, hw: str = "",
+         charts: bool = True) -> dict[str, Any]:
     run = as_state(events)  # a list is folded once for all the panels
     out = {"legend": render.token_header_html(run, show_rejected), "tokens": render.token_stream_html(run, show_rejected),
            "inspector": inspector_html(run, block), "stats": stats_html(run, compare, hw)}

@@ -119,8 +119,9 @@ underline, a "copied" row in the inspector) and the draft is not run. The target
 charts then show copied blocks as their own series (stars), so the draft's own acceptance stays visible.
 
 Then press **Compare with autoregressive** to time the same request again with and without the draft, back to back,
-and see the speedup and that the answers are identical. No compute in the room? Load a **bundled trace** in *Replay* and use **Next ▶** to walk
-through a recorded run step by step.
+and see the speedup and whether the answers are identical (a difference is diagnosed as a numerical tie or an error).
+No compute in the room? Load a **bundled trace** in *Replay* and use **Next ▶** to walk through a recorded run step by
+step.
 """
 
 NUMBERS = """### What the numbers mean
