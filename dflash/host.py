@@ -116,10 +116,15 @@ class HostSettings:
     def to_dict(self) -> dict:
         return {**asdict(self), "mode": self.mode}
 
+    def origin(self) -> str:
+        """Where the settings came from: 'probed in 3.1 s', 'probe cached' or 'set by the user'."""
+        how = {"probe": f"probed in {self.probe_s:.1f} s", "cache": "probe cached", "user": "set by the user"}
+        return how.get(self.source, self.source)
+
     def numbers(self) -> str:
         """The probe's timing of the chosen settings: '1-token step 45 ms, 8-token verify 86 ms (probe cached)'."""
         row = next((r for r in self.candidates if (r["dtype"], r["threads"]) == (self.dtype, self.threads)), None)
-        how = {"probe": f"probed in {self.probe_s:.1f} s", "cache": "probe cached"}.get(self.source, self.source)
+        how = self.origin()
         if row is None:
             return f"settings: {how}"
         verify = ""
@@ -130,11 +135,10 @@ class HostSettings:
 
     def summary(self) -> str:
         """One line for a stats panel: 'float32 · 2 threads · transposed layout (exact; probed in 3.1 s)'."""
-        how = {"probe": f"probed in {self.probe_s:.1f} s", "cache": "probe cached", "user": "set by the user"}
         mode = self.mode if self.exact else "fast mode: identical except at numerical ties"
         prompts = " · prompts in float32 matmuls" if self.float32_from_rows else ""
         return f"{self.dtype} · {self.threads} thread{'s' * (self.threads != 1)} · {self.layout} layout{prompts} " \
-               f"({mode}; {how.get(self.source, self.source)})"
+               f"({mode}; {self.origin()})"
 
 
 def machine_key() -> dict:

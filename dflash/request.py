@@ -23,6 +23,7 @@ MAX_BLOCK_SIZE = 64
 MAX_STEPS = 16
 MAX_SEED = 2**63 - 1
 MAX_NGRAM = 8  # longest n-gram `lookup_ngram` may match on
+MAX_DEADLINE_S = 86_400.0  # a day: the longest deadline_s a request may set
 VERIFY_RULES = ("match", "rejection")
 # A temperature below this is greedy (stored as 0.0), as in vLLM: logits / T can overflow float32 there (logits / 1e-38
 # are inf, and a softmax of infinities is NaN), and such a run is greedy in all but name anyway.
@@ -109,7 +110,7 @@ class Request:
                                   "must be 1.0 with verify='rejection' (relaxed acceptance applies to 'match')")
         _int("lookup_ngram", self.lookup_ngram, 0, MAX_NGRAM)
         if self.deadline_s is not None:
-            _float("deadline_s", self.deadline_s, 0.0, 86_400.0, lo_open=True)
+            _float("deadline_s", self.deadline_s, 0.0, MAX_DEADLINE_S, lo_open=True)
         if not isinstance(self.stop_ids, (tuple, list)):
             raise ValidationError("stop_ids", f"must be a sequence of token ids, got {self.stop_ids!r}")
         object.__setattr__(self, "stop_ids", _token_ids("stop_ids", self.stop_ids))

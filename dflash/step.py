@@ -183,7 +183,7 @@ class Run:
             return
         if self.pending is None:
             self.pending, self.pending_pos = feats[:, : accepted + 1], start
-        else:  # a block of size 1 drafted nothing, so the earlier features are still pending: keep them
+        else:  # a block of size 1 or a copied block drafted nothing, so earlier features are still pending: keep them
             self.pending = torch.cat([self.pending, feats[:, : accepted + 1]], 1)
 
 

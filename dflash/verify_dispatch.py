@@ -3,7 +3,7 @@
 `match_verify` and `speculative_verify` return `dflash.verify.Outcome`, whichever backend ran. The reference is
 `dflash.verify` itself (the specification of the kernels), so on CPU the engine's behaviour is bit-identical to
 calling `dflash.verify` directly. The kernels live in the top-level `kernels` package, which imports nothing from
-`dflash`: imports run engine → this module → `dflash.verify` / `kernels`.
+`dflash`: imports run engine → `dflash.step` → this module → `dflash.verify` / `kernels`.
 
 Backend choice, per call, from the device of the target logits:
 - `DFLASH_KERNELS=auto` (default): Triton for CUDA tensors when `triton` imports and CUDA is available;

@@ -171,6 +171,14 @@ def test_bad_parameters_come_back_as_clear_errors(app, over, message):
     assert "Traceback" not in text and "/work" not in text and ".py" not in text
 
 
+def test_a_checkbox_left_out_is_as_on_a_fresh_page(app):
+    """A request with `show_rejected` null showed rejected tokens while a fresh page's box is unticked."""
+    shown = {v: named(app.client.predict(*args(max_new_tokens=16, show_rejected=v), api_name="/generate"))["tokens"]
+             for v in (None, False, True)}
+    assert defaults()["show_rejected"] is False
+    assert shown[None] == shown[False] != shown[True]
+
+
 def test_a_refused_request_says_so_on_the_status_line(app):
     """The status line kept the previous run's words under Gradio's "Error" badge, as if that run had failed."""
     app.client.predict(*args(max_new_tokens=4), api_name="/generate")

@@ -144,6 +144,8 @@ def test_the_summary_says_the_mode_and_the_probes_numbers():
     one = {"dtype": "bfloat16", "threads": 1, "layout": "linear", "step_ms": 83.8, "verify2_ms": 135.3, "verify_ms": None}
     chosen = host.HostSettings("bfloat16", 1, "linear", "probe", block=8, probe_s=4.6, candidates=[one])
     assert chosen.numbers() == "1-token step 84 ms, 2-token verify 135 ms (probed in 4.6 s)"
+    user = host.HostSettings("float32", 2, "linear", "user")  # said "settings: user" in the playground's hardware line
+    assert user.numbers() == "settings: set by the user" and user.summary().endswith("(exact; set by the user)")
 
 
 def test_prefills_run_in_float32_matmuls_where_the_probe_measured_that_it_pays(tmp_path):

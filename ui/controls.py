@@ -17,6 +17,8 @@ FIELDS = {"prompt": "prompt", "block_size": "block_size", "steps": "diffusion_st
           "min_block": "min_block_size", "max_block": "max_block_size", "temperature": "temperature", "top_p": "top_p",
           "max_new_tokens": "max_new_tokens", "seed": "seed"}
 WHOLE = frozenset({"block_size", "steps", "lookup", "min_block", "max_block", "max_new_tokens", "seed"})
+# The checkboxes' values on a fresh page, and for a request that leaves one out (null).
+CHECKBOXES = {"show_rejected": False, "step_mode": False}
 # Fields and other names an error may start with, as the page names them.
 _LABEL_OF_FIELD = {field: text.LABELS[key] for key, field in FIELDS.items()} | {
     "preset": text.LABELS["preset"], "compare": "Compare with autoregressive",
@@ -47,8 +49,8 @@ def flag(value: Any, key: str, default: bool) -> bool:
 
 
 def shown_rejected(value: Any) -> bool:
-    """The "Show rejected draft tokens" checkbox as a request sent it (shown when left out, as before)."""
-    return flag(value, "show_rejected", True)
+    """The "Show rejected draft tokens" checkbox as a request sent it (left out: as on a fresh page)."""
+    return flag(value, "show_rejected", CHECKBOXES["show_rejected"])
 
 
 def whole(value: Any) -> Any:

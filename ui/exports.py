@@ -28,9 +28,9 @@ def write_exports(root: Path, trace: Trace, history: list | None, run_id: int | 
     """The download buttons' files for the trace shown: `run_id` a run's number, or the source of a loaded trace
     ("bundled", "upload"); `history` None leaves the history's file as it is (a loaded trace is not a run)."""
     prune(root, max_age_s)
-    d = Path(tempfile.mkdtemp(prefix="run-", dir=root))
     if not isinstance(run_id, int) and run_id not in LOADED_SOURCES:  # never text from a request in a file name
         raise ValueError(f"run_id must be a run number or one of {LOADED_SOURCES}, got {run_id!r}")
+    d = Path(tempfile.mkdtemp(prefix="run-", dir=root))
     name = f"run{int(run_id)}" if isinstance(run_id, int) else run_id
     trace_path = d / f"dflash-{name}-trace.json"
     metrics_path = d / f"dflash-{name}-metrics.csv"

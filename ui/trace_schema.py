@@ -17,7 +17,7 @@ from typing import Any
 
 from dflash import events as ev
 from dflash.errors import ValidationError
-from dflash.request import MAX_BLOCK_SIZE, MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, MAX_STEPS, Request
+from dflash.request import MAX_BLOCK_SIZE, MAX_DEADLINE_S, MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, MAX_STEPS, Request
 from dflash.stats import LATER_STATS, compute_stats
 from dflash.verify import NO_GAP
 
@@ -28,7 +28,7 @@ MAX_RUN_EVENTS = 4 + MAX_NEW_TOKENS * (3 + MAX_STEPS)
 MAX_TRACE_EVENTS = MAX_RUN_EVENTS + 4 + 3 * MAX_NEW_TOKENS  # the run and its no-draft baseline (3 events a token)
 MAX_TOKEN_ID = 2**31 - 1
 MAX_POSITION = MAX_PROMPT_TOKENS + MAX_NEW_TOKENS + MAX_BLOCK_SIZE  # an absolute position in the sequence
-MAX_MS = 86_400_000  # a day: the longest deadline a request may set
+MAX_MS = int(MAX_DEADLINE_S * 1000)  # the longest deadline a request may set
 MAX_LABEL_CHARS = 1_000  # a token's text, a controller's reason, a model name, a meta value
 MAX_TEXT_CHARS = 200_000  # a prompt, an answer, a message
 
