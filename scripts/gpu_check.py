@@ -106,13 +106,7 @@ def random_draft(target, block_size: int = 16):
     from dflash.draft import DFlashDraftModel, DraftConfig
 
     torch.manual_seed(1)
-    cfg = target.config
-    heads = cfg.num_attention_heads
-    dcfg = DraftConfig(hidden_size=target.hidden_size, num_hidden_layers=1, num_attention_heads=heads,
-                       num_key_value_heads=cfg.num_key_value_heads, head_dim=target.hidden_size // heads,
-                       intermediate_size=cfg.intermediate_size, vocab_size=target.vocab_size,
-                       num_target_layers=target.num_layers, block_size=block_size, mask_token_id=target.vocab_size - 1)
-    return DFlashDraftModel(dcfg)
+    return DFlashDraftModel(DraftConfig.for_target(target.config, target.vocab_size, block_size=block_size))
 
 
 def build_engine(args, device: str, dtype: str):

@@ -34,13 +34,10 @@ UNTRAINED_NOTE = ("Recorded with a RANDOM, UNTRAINED draft (the trained one was 
 
 
 def random_draft(engine: Engine, block_size: int = 8, seed: int = 0) -> DFlashDraftModel:
-    """A random draft with the default draft's shape (hidden 576, 9/3 heads, head_dim 64, mask id 16)."""
+    """A random draft with the default draft's shape (the target's layer shape, one layer, its mask id)."""
     t = engine.target
     torch.manual_seed(seed)
-    cfg = DraftConfig(hidden_size=t.hidden_size, num_hidden_layers=1, num_attention_heads=9, num_key_value_heads=3,
-                      head_dim=64, intermediate_size=1536, vocab_size=t.vocab_size, num_target_layers=t.num_layers,
-                      block_size=block_size, mask_token_id=16)
-    return DFlashDraftModel(cfg)
+    return DFlashDraftModel(DraftConfig.for_target(t.config, t.vocab_size, block_size=block_size))
 
 
 def record(engine: Engine, request: Request, meta: dict, path: Path) -> None:

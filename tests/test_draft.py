@@ -313,3 +313,17 @@ def test_a_truncated_weights_file_is_a_load_error(tmp_path):
         f.truncate(f.seek(0, 2) // 2)
     with pytest.raises(ModelLoadError, match=f"^draft: {WEIGHTS_NAME} is unreadable"):
         load_draft(tmp_path)
+
+
+def test_a_draft_for_a_target_takes_its_layer_shape():
+    """One definition for the bench's, the GPU check's, the trace recorder's and `train fit`'s drafts; the GPU check's
+    copy took head_dim = hidden / heads, wrong for Qwen3 (head_dim 128, hidden 2560, 32 heads)."""
+    from transformers import Qwen3Config
+
+    tc = Qwen3Config(hidden_size=2560, num_attention_heads=32, num_key_value_heads=8, head_dim=128, intermediate_size=9728,
+                     num_hidden_layers=36, vocab_size=151936)
+    cfg = DraftConfig.for_target(tc, 151936, layers=2, block_size=8)
+    assert (cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size) == (128, 32, 8, 9728)
+    assert (cfg.num_hidden_layers, cfg.num_target_layers, cfg.block_size, cfg.mask_token_id) == (2, 36, 8, 16)
+    assert DraftConfig.for_target(tc, 12).mask_token_id == 11  # a vocabulary without id 16: its last id
+    assert DraftConfig.for_target(tc, 151936, intermediate_size=64).intermediate_size == 64

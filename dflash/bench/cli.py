@@ -100,15 +100,8 @@ def _random_draft(engine, layers: int):
 
     check_random_draft(layers)
     tg = engine.target
-    c = tg.config
-    heads = c.num_attention_heads
-    mask = 16 if tg.vocab_size > 16 else tg.vocab_size - 1  # SmolLM2's <empty_output>, never in chat answers
     torch.manual_seed(0)
-    cfg = DraftConfig(hidden_size=tg.hidden_size, num_hidden_layers=layers, num_attention_heads=heads,
-                      num_key_value_heads=getattr(c, "num_key_value_heads", heads),
-                      head_dim=getattr(c, "head_dim", None) or tg.hidden_size // heads,
-                      intermediate_size=c.intermediate_size, vocab_size=tg.vocab_size, num_target_layers=tg.num_layers,
-                      block_size=16, mask_token_id=mask)
+    cfg = DraftConfig.for_target(tg.config, tg.vocab_size, layers=layers)
     return Engine(tg, DFlashDraftModel(cfg), name=engine.name)
 
 

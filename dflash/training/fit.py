@@ -72,14 +72,11 @@ class Trainer:
         stops = sorted(Target(model, tokenizer).stop_ids())
         final_norm = model.model.norm.weight.detach().float().clone()  # [H]
         del model
-        head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
-        self.dcfg = DraftConfig(hidden_size=tc.hidden_size, num_hidden_layers=cfg.layers,
-                                num_attention_heads=tc.num_attention_heads, num_key_value_heads=tc.num_key_value_heads,
-                                head_dim=head_dim, intermediate_size=cfg.intermediate_size or tc.intermediate_size,
-                                vocab_size=self.embed.shape[0], num_target_layers=tc.num_hidden_layers,
-                                block_size=cfg.block_size, mask_token_id=cfg.mask_token_id, target_layer_ids=layer_ids,
-                                rms_norm_eps=tc.rms_norm_eps, rope_theta=getattr(tc, "rope_theta", 10000.0),
-                                max_position_embeddings=tc.max_position_embeddings)
+        self.dcfg = DraftConfig.for_target(
+            tc, self.embed.shape[0], layers=cfg.layers, block_size=cfg.block_size, mask_token_id=cfg.mask_token_id,
+            intermediate_size=cfg.intermediate_size or tc.intermediate_size, target_layer_ids=layer_ids,
+            rms_norm_eps=tc.rms_norm_eps, rope_theta=getattr(tc, "rope_theta", 10000.0),
+            max_position_embeddings=tc.max_position_embeddings)
         log.info("corpus: %d training sequences, %d response tokens; %d held out", len(self.corpus.train),
                  self.corpus.n_tokens(), len(self.corpus.heldout))
         self.draft, vocab = self.init_draft(final_norm)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash.errors import ValidationError
+from dflash.registry import MASK_TOKEN_ID
 
 
 @dataclass
@@ -28,7 +29,7 @@ class FitConfig:
     partial_prob: float = 0.0
     kl_weight: float = 0.0
     draft_vocab: int = 8192  # 0: the full target vocabulary
-    mask_token_id: int = 16
+    mask_token_id: int = MASK_TOKEN_ID
     intermediate_size: int = 0  # 0: the target's
     seed: int = 0
     ckpt_every: int = 250
