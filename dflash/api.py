@@ -18,7 +18,7 @@ from typing import Any, Iterator
 from dflash.adaptive import POLICIES
 from dflash.errors import ValidationError
 from dflash.registry import PRESETS, draft_dir_problem, looks_like_hub_id
-from dflash.request import Request
+from dflash.request import DEFAULTS, Request
 
 NO_DRAFT_HINT = "to run without a draft, pass use_draft=False to generate or stream (the no-draft baseline)"
 
@@ -29,13 +29,13 @@ class DFlashConfig:
     block_size: int | None = None  # None: the draft's trained block size
     max_block_size: int | None = None  # above block_size: the block length adapts (slow start) up to this
     min_block_size: int | None = None  # None: 2, or block_size when smaller
-    diffusion_steps: int = 1
-    confidence_threshold: float = 0.9
-    acceptance_threshold: float = 1.0  # 1.0 = exact (lossless); < 1 is lossy
+    diffusion_steps: int = DEFAULTS["diffusion_steps"]
+    confidence_threshold: float = DEFAULTS["confidence_threshold"]
+    acceptance_threshold: float = DEFAULTS["acceptance_threshold"]  # 1.0 = exact (lossless); < 1 is lossy
     # auto | fixed | slow-start | cost; None (here or per call): slow-start if max_block_size > block_size, else auto
     adaptive: str | None = None
-    verify: str = "match"
-    lookup_ngram: int = 0  # > 0: copy from the context first where the last n tokens recur (lossless)
+    verify: str = DEFAULTS["verify"]
+    lookup_ngram: int = DEFAULTS["lookup_ngram"]  # > 0: copy from the context first where the last n tokens recur (lossless)
     # How the target loads (None: the loader's choice). With an existing Engine they must agree with it (or be None).
     dtype: str | None = None  # auto, float32 or bfloat16 (the loader also takes fp32, bf16, float16, fp16)
     device: str | None = None  # cpu, cuda, cuda:N (None: cuda when available)

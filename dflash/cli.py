@@ -15,6 +15,7 @@ from pathlib import Path
 
 from dflash.adaptive import POLICIES
 from dflash.errors import DFlashError, ValidationError
+from dflash.request import DEFAULTS, VERIFY_RULES
 from dflash.registry import draft_dir_problem, looks_like_hub_id
 
 # Subcommands living in their own packages: module path → function adding the parser.
@@ -40,29 +41,34 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoding")
-    g.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate")
+    g.add_argument("--max-new-tokens", type=int, default=DEFAULTS["max_new_tokens"], help="most tokens to generate")
     g.add_argument("--block-size", type=int, help="tokens verified per step (default: the draft's trained size)")
-    g.add_argument("--temperature", type=float, default=0.0,
+    g.add_argument("--temperature", type=float, default=DEFAULTS["temperature"],
                    help="0 = greedy; a value below 1e-5 is greedy too (as in vLLM), in [0, 2]")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep the most likely tokens up to this mass")
-    g.add_argument("--top-k", type=int, default=0, help="keep only the k most likely tokens (0 = all)")
-    g.add_argument("--seed", type=int, default=0, help="seed of the sampling noise (same seed, same tokens)")
-    g.add_argument("--verify", choices=["match", "rejection"], default="match",
+    g.add_argument("--top-p", type=float, default=DEFAULTS["top_p"],
+                   help="nucleus sampling: keep the most likely tokens up to this mass")
+    g.add_argument("--top-k", type=int, default=DEFAULTS["top_k"], help="keep only the k most likely tokens (0 = all)")
+    g.add_argument("--seed", type=int, default=DEFAULTS["seed"],
+                   help="seed of the sampling noise (same seed, same tokens)")
+    g.add_argument("--verify", choices=list(VERIFY_RULES), default=DEFAULTS["verify"],
                    help="sampling rule: match = target's own seeded sample (exact, reproducible); rejection = Leviathan")
-    g.add_argument("--steps", type=int, default=1, help="denoising steps per block (1 = the paper's single pass)")
-    g.add_argument("--confidence-threshold", type=float, default=0.9, help="commit positions at least this confident (steps > 1)")
-    g.add_argument("--adaptive", choices=list(POLICIES), default="auto",
+    g.add_argument("--steps", type=int, default=DEFAULTS["diffusion_steps"],
+                   help="denoising steps per block (1 = the paper's single pass)")
+    g.add_argument("--confidence-threshold", type=float, default=DEFAULTS["confidence_threshold"],
+                   help="commit positions at least this confident (steps > 1)")
+    g.add_argument("--adaptive", choices=list(POLICIES), default=DEFAULTS["adaptive"],
                    help="block-size controller (auto: cost on a CPU, fixed on a GPU)")
     g.add_argument("--min-block-size", type=int,
                    help="smallest block an adaptive policy may choose (default: 2, or --block-size when smaller); "
                         "--block-size may not be below a minimum given here")
     g.add_argument("--max-block-size", type=int,
                    help="largest block an adaptive policy may choose (default: the draft's trained size)")
-    g.add_argument("--acceptance-threshold", type=float, default=1.0, help="1.0 = exact; < 1 relaxed and LOSSY")
-    g.add_argument("--lookup-ngram", type=int, default=0, metavar="N",
+    g.add_argument("--acceptance-threshold", type=float, default=DEFAULTS["acceptance_threshold"],
+                   help="1.0 = exact; < 1 relaxed and LOSSY")
+    g.add_argument("--lookup-ngram", type=int, default=DEFAULTS["lookup_ngram"], metavar="N",
                    help="copy from the context first: where the last N tokens occurred earlier, propose what followed "
                         "them instead of running the draft (lossless; 0 = off; 2 is a good start)")
-    g.add_argument("--deadline", type=float, default=600.0,
+    g.add_argument("--deadline", type=float, default=DEFAULTS["deadline_s"],
                    help="wall-clock limit per request, seconds, counted from when it is made: time waiting for the "
                         "engine counts (default: %(default)s)")
 

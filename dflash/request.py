@@ -162,3 +162,8 @@ class Request:
         d["prompt_ids"] = list(self.prompt_ids) if self.prompt_ids is not None else None
         d["stop_ids"] = list(self.stop_ids)
         return d
+
+
+# Each field's default, for the front ends that show or restate it (the CLI's options, DFlashConfig, the playground).
+DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(Request)
+                            if f.default is not dataclasses.MISSING}

@@ -53,6 +53,11 @@ def shown_rejected(value: Any) -> bool:
     return flag(value, "show_rejected", CHECKBOXES["show_rejected"])
 
 
+def in_step_mode(value: Any) -> bool:
+    """The "Step mode" checkbox as a request sent it (left out: as on a fresh page)."""
+    return flag(value, "step_mode", CHECKBOXES["step_mode"])
+
+
 def whole(value: Any) -> Any:
     """Sliders send floats: 16.0 → 16. Anything else goes to Request unchanged, which names the parameter."""
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():

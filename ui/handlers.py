@@ -25,10 +25,10 @@ import gradio as gr
 from dflash import events as ev
 from dflash.engine import Engine
 from dflash.errors import DFlashError, ValidationError
-from dflash.request import Request
+from dflash.request import DEFAULT_MIN_BLOCK, DEFAULTS, Request
 from dflash.zerogpu import zero_gpu
 from ui import gpu, plots, render, torch_thread
-from ui.controls import CHECKBOXES, FIELDS, WHOLE, flag, shown_rejected, whole
+from ui.controls import CHECKBOXES, FIELDS, WHOLE, in_step_mode, shown_rejected, whole
 from ui.engines import EngineProvider, wait_until_free
 from ui.exports import history_row, history_table, next_run_id, with_comparison, with_row, write_exports
 from ui.live import FrameThrottle, RunLook, dtype_of, final_status, hardware, live_status
@@ -75,9 +75,11 @@ class Settings:
 def defaults(block_size: int = 16) -> dict[str, Any]:
     """Reset-to-defaults values: the paper's setting (one pass, exact verification, greedy), with the block-size
     policy the engine picks for its device ("auto")."""
-    return {"prompt": "", "preset": "default", "block_size": block_size, "steps": 1, "confidence": 0.9, "acceptance": 1.0,
-            "lookup": 0, "adaptive": "auto", "min_block": 2, "max_block": block_size, "temperature": 0.0, "top_p": 1.0,
-            "max_new_tokens": 64, "seed": 0, **CHECKBOXES}
+    d = DEFAULTS
+    return {"prompt": "", "preset": "default", "block_size": block_size, "steps": d["diffusion_steps"],
+            "confidence": d["confidence_threshold"], "acceptance": d["acceptance_threshold"], "lookup": d["lookup_ngram"],
+            "adaptive": d["adaptive"], "min_block": DEFAULT_MIN_BLOCK, "max_block": block_size,
+            "temperature": d["temperature"], "top_p": d["top_p"], "max_new_tokens": 64, "seed": d["seed"], **CHECKBOXES}
 
 
 def trace_from_state(state: dict | None) -> Trace | None:
@@ -168,7 +170,7 @@ class Playground:
         preset = values.get("preset")
         # Every value is checked before a model is loaded for it; the load follows the visitor rules (ui/engines.py).
         checked = self.make_request(values)
-        show, step = shown_rejected(values.get("show_rejected")), flag(values.get("step_mode"), "step_mode", CHECKBOXES["step_mode"])
+        show, step = shown_rejected(values.get("show_rejected")), in_step_mode(values.get("step_mode"))
         engine, request = self.engines.for_request(preset, checked)
         look = RunLook(show, step, hardware(engine))
         stream, cancel = self._start(engine, preset, request, session, look)
