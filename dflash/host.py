@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dflash.packed import LAYOUTS
 from dflash.probe import PROBE_VERSION, probe
 
 log = logging.getLogger("dflash")
@@ -75,11 +76,15 @@ def thread_candidates(cores: int | None = None) -> list[int]:
     return sorted({1, max(1, n // 2), n})
 
 
+SOURCES = ("probe", "cache", "default", "user")
+
+
 @dataclass(frozen=True)
 class HostSettings:
     """The CPU settings in force and where they came from.
 
-    source: "probe" (measured now), "cache" (measured on an earlier start), "user" (all fixed by the caller).
+    source: "probe" (measured now), "cache" (measured on an earlier start), "default" (DFLASH_PROBE=0: not
+    measured), "user" (all fixed by the caller).
     candidates: what the probe measured, one dict per (dtype, threads): step_ms (one token), verify2_ms (two),
     verify_ms (`block` tokens), score_ms (what was minimised: `score_ms`), layout (the faster linear layout for that
     dtype), partial (present when the candidate was dropped before every size was timed: None for those, and
@@ -103,6 +108,21 @@ class HostSettings:
     candidates: list[dict] = field(default_factory=list)
     machine: dict = field(default_factory=dict)
     load_per_core: float | None = None  # the 1-minute load average per usable core when probed (None: not recorded)
+
+    def __post_init__(self) -> None:
+        # Also rebuilt from a JSON cache a person may have edited: a wrong value is refused here (ValueError: the
+        # cache is ignored and the host probed again), not met later as threads "2" in torch.set_num_threads.
+        whole = {"threads": 1, "block": 1, "float32_from_rows": 0}
+        bad = [f"{k}={getattr(self, k)!r}" for k, lo in whole.items()
+               if type(getattr(self, k)) is not int or getattr(self, k) < lo]
+        bad += [f"{k}={getattr(self, k)!r}" for k, allowed in (("dtype", ("float32", "bfloat16", "float16")),
+                                                                ("layout", LAYOUTS), ("source", SOURCES))
+                if getattr(self, k) not in allowed]
+        if type(self.probe_s) not in (int, float) or not isinstance(self.candidates, list) \
+                or not all(isinstance(c, dict) for c in self.candidates):
+            bad.append("probe_s or candidates")
+        if bad:
+            raise ValueError(f"host settings: {', '.join(bad)}")
 
     @property
     def exact(self) -> bool:

@@ -80,6 +80,18 @@ def test_a_broken_cache_file_means_a_new_probe_not_a_failed_start(tmp_path):
     assert s.source == "probe" and json.loads(path.read_text())  # rewritten whole
 
 
+@pytest.mark.parametrize("edit", [{"threads": "2"}, {"threads": 0}, {"dtype": "int8"}, {"layout": "diagonal"},
+                                  {"float32_from_rows": 1.5}, {"candidates": "none"}])
+def test_a_cached_choice_with_a_wrong_value_means_a_new_probe(tmp_path, edit):
+    """A cache entry is rebuilt from JSON a person may edit: threads "2" used to reach torch.set_num_threads."""
+    model, path = tiny_target("llama", seed=0).model, tmp_path / "settings.json"
+    host.choose(model, "tiny", 4, path, dtype="float32", threads=1)
+    (key, entry), = json.loads(path.read_text()).items()
+    path.write_text(json.dumps({key: {**entry, **edit}}))
+    assert host.read_cached(path, key) is None
+    assert host.choose(model, "tiny", 4, path, dtype="float32", threads=1).source == "probe"
+
+
 def test_no_probe_when_switched_off(tmp_path, monkeypatch):
     monkeypatch.setenv("DFLASH_PROBE", "0")
     s = host.choose(tiny_target("llama").model, "tiny", 4, tmp_path / "s.json")

@@ -19,7 +19,7 @@ from dflash.stats import compute_stats
 from ui.run_state import BlockInfo, RunState, as_state
 
 # Okabe-Ito colours, also used by ui/plots.py.
-BLUE, VERMILLION, GREEN, ORANGE, SKY, PURPLE, GREY = "#0072B2", "#D55E00", "#009E73", "#E69F00", "#56B4E9", "#CC79A7", "#6B6B6B"
+BLUE, VERMILLION, GREEN, ORANGE, GREY = "#0072B2", "#D55E00", "#009E73", "#E69F00", "#6B6B6B"
 
 # Token classes → (legend label, non-colour cue described in words).
 TOKEN_STYLES = {
