@@ -15,8 +15,8 @@ from pathlib import Path
 
 from dflash.adaptive import POLICIES
 from dflash.errors import DFlashError, ValidationError
-from dflash.request import DEFAULTS, VERIFY_RULES
 from dflash.registry import draft_dir_problem, looks_like_hub_id
+from dflash.request import DEFAULTS, VERIFY_RULES
 
 # Subcommands living in their own packages: module path → function adding the parser.
 SUBCOMMANDS = {"bench": "dflash.bench.cli", "train": "dflash.training.cli", "draft": "dflash.export"}

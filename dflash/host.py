@@ -137,8 +137,9 @@ class HostSettings:
         return {**asdict(self), "mode": self.mode}
 
     def origin(self) -> str:
-        """Where the settings came from: 'probed in 3.1 s', 'probe cached' or 'set by the user'."""
-        how = {"probe": f"probed in {self.probe_s:.1f} s", "cache": "probe cached", "user": "set by the user"}
+        """Where the settings came from: 'probed in 3.1 s', 'probe cached', 'not probed' or 'set by the user'."""
+        how = {"probe": f"probed in {self.probe_s:.1f} s", "cache": "probe cached", "default": "not probed (DFLASH_PROBE=0)",
+               "user": "set by the user"}
         return how.get(self.source, self.source)
 
     def numbers(self) -> str:

@@ -1,11 +1,9 @@
 """The prepared GPU check, run by `scripts/gpu_check.sh`: one command, a few minutes on an H200.
 
 Checks, each recorded in <out>/gpu_check.json and summarised in <out>/gpu_check.md:
-1. kernel_parity — every Triton kernel vs its PyTorch reference (computed on CPU copies: IEEE division, as the
-   kernels' div_rn) over vocabularies 257 … 49152, blocks 1/4/16, batch 1 and 4, float32 and bfloat16 logits,
-   greedy / Gumbel / relaxed / top-k / top-p / speculative sampling, and the engine's per-position noise computed
-   on the device vs on the CPU; plus the per-call cost of the dispatch with the kernel and with the reference on
-   the device and of the noise for a block (synchronised, after warm-up).
+1. kernel_parity (scripts/gpu_check_kernels.py) — every Triton kernel vs its PyTorch reference over vocabularies
+   257 … 49152, blocks 1/4/16, float32 and bfloat16 logits, every sampling rule, and the engine's per-position
+   noise on the device vs the CPU; plus the per-call cost of the dispatch with the kernel and with the reference.
 2. oracle_accept — the draft's proposals scripted to be the target's own output (greedy and sampled), so every
    block must be accepted whole: the multi-token accept path and the cache crops run even on random weights;
    output must equal the target-only run, with the kernels and with the reference verification.
@@ -35,9 +33,8 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MATCH_SETTINGS = [(0.0, 0, 1.0, 1.0), (0.0, 0, 1.0, 0.6), (0.7, 0, 1.0, 1.0), (0.9, 50, 1.0, 1.0), (1.1, 0, 0.8, 1.0),
-                  (1.3, 40, 0.6, 0.4)]  # (temperature, top_k, top_p, acceptance threshold)
-SPEC_SETTINGS = [(0.0, 0, 1.0), (0.7, 0, 1.0), (0.9, 50, 1.0), (1.1, 0, 0.8), (1.3, 40, 0.6)]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when loaded by path (tests/test_gpu_check.py)
+from gpu_check_kernels import check_kernel_parity, sync  # noqa: E402
 CHECKS = ("kernel_parity", "oracle_accept", "lossless_fp32", "bf16_match", "speed")
 FALLBACK_PROMPTS = [  # used when the MT-Bench package is not installed (e.g. on the device machine)
     "Explain in three sentences why the sky is blue.", "Write a Python function that reverses a linked list.",
@@ -60,13 +57,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------
-def sync(device) -> None:
-    import torch
-
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
 def env_info(device: str) -> dict:
     import torch
     import transformers
@@ -167,97 +157,7 @@ def near_tie_gap(engine, request, prefix_out: list[int]) -> float:
     return float(top[0] - top[1])
 
 
-# -- checks ----------------------------------------------------------------------------------------------------
-def check_kernel_parity(args, device: str) -> dict:
-    import torch
-
-    from dflash import verify as reference
-    from dflash import verify_dispatch
-    from kernels.greedy_verify_triton import match_verify_batched
-    from kernels.spec_sample_triton import speculative_verify_batched
-    from dflash.sampling import target_probs
-
-    quick = args.quick or device == "cpu"  # the interpreter runs Python per tile
-    vocabs = (101,) if quick else (257, 1000, 32000, 49152)
-    blocks = (0, 3, 15)
-    dtypes = (torch.float32,) if quick else (torch.float32, torch.bfloat16)
-    gen = torch.Generator().manual_seed(0)
-    cases = mismatches = 0
-    failures = []
-
-    def gumbel(*shape):
-        return -torch.log(-torch.log(torch.rand(*shape, generator=gen).clamp(1e-20, 1 - 1e-7)))
-
-    def compare(name, expected, got):
-        nonlocal cases, mismatches
-        cases += 1
-        if not all(torch.equal(e.cpu().long(), g.cpu().long()) for e, g in zip(expected, got)):
-            mismatches += 1
-            failures.append(name)
-
-    for vocab in vocabs:
-        for n in blocks:
-            for dtype in dtypes:
-                bsz = 1 if quick and n == 15 else (2 if quick else 4)
-                settings = MATCH_SETTINGS if not (quick and n == 15) else MATCH_SETTINGS[:3]
-                for t, k, p, a in settings:
-                    logits = (torch.randn(bsz, n + 1, vocab, generator=gen) * 3).to(dtype)
-                    g = gumbel(bsz, n + 1, vocab) if t > 0 else None
-                    draft = (logits.float() / (t or 1.0) + (g if g is not None else 0)).argmax(-1)[:, :n].clone()
-                    if n:
-                        draft[-1, n // 2:] = torch.randint(0, vocab, (n - n // 2,), generator=gen)
-                    expected = reference.match_verify_batched(draft, logits, t, k, p, g, a)
-                    got = match_verify_batched(draft.to(device), logits.to(device), t, k, p,
-                                               None if g is None else g.to(device), a)
-                    compare(f"match V={vocab} n={n} {dtype} T={t} k={k} p={p} a={a}", expected, got)
-                if n == 0:
-                    continue
-                for t, k, p in (SPEC_SETTINGS if not (quick and n == 15) else SPEC_SETTINGS[:2]):
-                    logits = (torch.randn(bsz, n + 1, vocab, generator=gen) * 2).to(dtype)
-                    q = target_probs(logits[:, :n].float() + torch.randn(bsz, n, vocab, generator=gen), max(t, 0.5))
-                    draft = (torch.log(q) + gumbel(bsz, n, vocab)).argmax(-1)
-                    u = torch.rand(bsz, n, generator=gen, dtype=torch.float64)
-                    g = gumbel(bsz, n + 1, vocab)
-                    expected = reference.speculative_verify_batched(draft, q, logits, t, k, p, u, g)
-                    got = speculative_verify_batched(draft.to(device), q.to(device), logits.to(device), t, k, p,
-                                                     u.to(device), g.to(device))
-                    compare(f"spec V={vocab} n={n} {dtype} T={t} k={k} p={p}", expected, got)
-    from dflash.sampling import gumbel_noise  # the engine's noise, computed on the device: the same as on the CPU
-
-    for vocab in vocabs:
-        cases += 1
-        host, dev = (gumbel_noise(7, list(range(100, 116)), vocab, 2, where) for where in ("cpu", device))
-        if not torch.allclose(host, dev.cpu(), rtol=1e-6, atol=1e-6):
-            mismatches += 1
-            failures.append(f"gumbel_noise V={vocab}")
-    result = {"ok": mismatches == 0, "cases": cases, "mismatches": mismatches, "failures": failures[:10]}
-    if device == "cuda":  # cost per verification call through the dispatch, one sequence of block 16
-        timings = {}
-        vocab, n = 49152, 15
-        logits = torch.randn(n + 1, vocab, device=device) * 3
-        draft = logits.argmax(-1)[:n].clone()
-        g = gumbel(n + 1, vocab).to(device)
-        for label, extra in (("greedy", (0.0, 0, 1.0, None)), ("T0.8 top-k 50 top-p 0.9", (0.8, 50, 0.9, g))):
-            for mode in ("triton", "reference"):
-                os.environ["DFLASH_KERNELS"] = mode
-                for _ in range(5):
-                    verify_dispatch.match_verify(draft, logits, *extra)
-                sync(device)
-                t0 = time.perf_counter()
-                for _ in range(50):
-                    verify_dispatch.match_verify(draft, logits, *extra)
-                sync(device)
-                timings[f"match {label} [{mode}]"] = round((time.perf_counter() - t0) / 50 * 1e6, 1)
-        os.environ["DFLASH_KERNELS"] = "auto"
-        t0 = time.perf_counter()
-        for _ in range(50):
-            gumbel_noise(7, list(range(100, 116)), vocab, 0, device)
-        sync(device)
-        timings["gumbel_noise for 16 positions"] = round((time.perf_counter() - t0) / 50 * 1e6, 1)
-        result["us_per_call_V49152_block16"] = timings
-    return result
-
-
+# -- checks (the first, kernel_parity, is in gpu_check_kernels.py) ----------------------------------------------
 def _lossless(args, device: str, dtype: str, tie_limit: float) -> dict:
     engine, desc = build_engine(args, device, dtype)
     reqs = requests_for(engine, args.prompts, args.tokens)

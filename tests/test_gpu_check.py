@@ -45,3 +45,29 @@ def test_the_shell_script_takes_options_without_an_out_dir(tmp_path):
     usage = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--help"], env=env, capture_output=True,
                            text=True, timeout=30)
     assert usage.returncode == 0 and "OUT_DIR" in usage.stdout and len(calls.read_text().splitlines()) == 2
+
+
+def test_the_kernel_parity_check_runs_on_the_cpu_and_would_see_a_difference():
+    """Check 1 of the GPU check, on the CPU under Triton's interpreter (its own process: the variable must be set
+    before a kernel module is imported): every case agrees, and a differing output is counted."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = ("import json, sys; sys.path.insert(0, 'scripts'); import gpu_check as g; "
+            "print(json.dumps(g.check_kernel_parity(g.parse_args(['--device', 'cpu', '--quick']), 'cpu')))")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result == {"ok": True, "cases": 23, "mismatches": 0, "failures": []}
+    import torch
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from gpu_check_kernels import Tally
+
+    tally = Tally()
+    tally.compare("same", (torch.tensor([1, 2]),), (torch.tensor([1, 2]),))
+    tally.compare("one token differs", (torch.tensor([1, 2]),), (torch.tensor([1, 3]),))
+    assert tally.result() == {"ok": False, "cases": 2, "mismatches": 1, "failures": ["one token differs"]}

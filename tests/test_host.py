@@ -96,6 +96,7 @@ def test_no_probe_when_switched_off(tmp_path, monkeypatch):
     monkeypatch.setenv("DFLASH_PROBE", "0")
     s = host.choose(tiny_target("llama").model, "tiny", 4, tmp_path / "s.json")
     assert (s.source, s.dtype, s.layout, s.candidates) == ("default", "float32", "linear", [])
+    assert s.numbers() == "settings: not probed (DFLASH_PROBE=0)"  # said "settings: default"
     assert not (tmp_path / "s.json").exists()
 
 
