@@ -61,7 +61,11 @@ class Capture:
 @torch.inference_mode()
 def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, stop_ids: set[int], pad_id: int,
                    capture: Capture, temperature: float, generator: torch.Generator | None):
-    """Left-padded batched generation. Returns per row (token ids, features [T, kH], final hidden [T, H])."""
+    """Left-padded batched generation. Returns per row (token ids, features [T, kH], final hidden [T, H]).
+
+    Not the engine's loop (`Engine.stream`), on purpose: training data needs many prompts decoded side by side with
+    their hidden states captured, and no verification, events or per-position seeded noise (`torch.multinomial`
+    sampling is enough for data)."""
     from transformers import DynamicCache
 
     b = len(prompts)
