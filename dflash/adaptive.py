@@ -26,7 +26,7 @@ def resolve(policy: str, device_type: str) -> str:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class BlockOutcome:
     block_size: int
     accepted_len: int  # draft tokens accepted (0 .. block_size - 1)
     draft_ms: float
@@ -43,14 +43,14 @@ class Controller:
     def first(self) -> tuple[int, str]:
         return self.size, f"start at {self.size}"
 
-    def update(self, outcome: Outcome) -> tuple[int, str]:
+    def update(self, outcome: BlockOutcome) -> tuple[int, str]:
         return self.size, "fixed"
 
 
 class SlowStart(Controller):
     """TCP-like: double while whole blocks are accepted, halve when a block is rejected early."""
 
-    def update(self, outcome: Outcome) -> tuple[int, str]:
+    def update(self, outcome: BlockOutcome) -> tuple[int, str]:
         drafted = outcome.block_size - 1
         if drafted > 0 and outcome.accepted_len == drafted:
             new = min(self.max_size, self.size * 2)
@@ -120,7 +120,7 @@ class CostAware(Controller):
         slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
         return max(1e-3, my + max(0.0, slope) * (size - mx))
 
-    def update(self, outcome: Outcome) -> tuple[int, str]:
+    def update(self, outcome: BlockOutcome) -> tuple[int, str]:
         for k in range(1, self.max_size):
             self.reached[k] *= self.decay
             self.accepted[k] *= self.decay

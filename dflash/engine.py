@@ -20,7 +20,7 @@ from typing import TypeVar
 import torch
 
 from dflash import events as ev
-from dflash.adaptive import Outcome as StepOutcome
+from dflash.adaptive import BlockOutcome
 from dflash.adaptive import make_controller, resolve
 from dflash.draft import DFlashDraftModel
 from dflash.drafter import Drafter, DraftProposer, Proposal
@@ -360,7 +360,7 @@ class Engine:
         commit, why = self._commit(run, block, drafted[:a] + [res.next_token], kinds, confs, res.target_tokens[: a + 1],
                                    logits[: a + 1], start + 1)
         yield commit
-        return StepResult(commit.token_ids, StepOutcome(b, a, draft_ms, verify_ms), why, source)
+        return StepResult(commit.token_ids, BlockOutcome(b, a, draft_ms, verify_ms), why, source)
 
     def _draft(self, run: Run, block: int, start: int, b: int,
                copy: list[int] | None) -> Generator[ev.Event, None, Proposal | None]:

@@ -44,7 +44,7 @@ class RunningStats:
         self.len_sum = 0
         self.hist: dict[str, int] = {}
         self.block_sizes: list[int] = []
-        self.reached: list[int] = []  # [k-1]: verify steps that drafted position k
+        self.proposed: list[int] = []  # [k-1]: verify steps that drafted position k
         self.accepted: list[int] = []  # [k-1]: … and accepted it
         self.draft_ms = self.verify_ms = 0
         self.copy_n = self.copy_sum = 0  # verify steps of copied blocks (Request.lookup_ngram), their lengths' sum
@@ -59,10 +59,10 @@ class RunningStats:
         self.len_sum += n
         self.hist[str(n)] = self.hist.get(str(n), 0) + 1
         self.block_sizes.append(v.block_size)
-        _grow(self.reached, v.block_size - 1)
+        _grow(self.proposed, v.block_size - 1)
         _grow(self.accepted, v.block_size - 1)
         for k in range(1, v.block_size):
-            self.reached[k - 1] += 1
+            self.proposed[k - 1] += 1
             self.accepted[k - 1] += v.accepted_len >= k
         self.draft_ms += v.draft_ms
         self.verify_ms += v.verify_ms
@@ -73,16 +73,16 @@ class RunningStats:
     def mark(self, counts: bool) -> tuple:
         """What `restore` needs to take back the next verify (`counts`: with the histogram and per-position counts,
         at most MAX_BLOCK_SIZE entries each) or commit: the scalars and the lengths of the lists that only grow."""
-        return (len(self.lengths), self.len_sum, dict(self.hist) if counts else None, list(self.reached) if counts else None,
+        return (len(self.lengths), self.len_sum, dict(self.hist) if counts else None, list(self.proposed) if counts else None,
                 list(self.accepted) if counts else None, self.draft_ms, self.verify_ms, self.drift, self.commits, self.ttft,
                 self.t_end, self.n_out, self.copy_n, self.copy_sum)
 
     def restore(self, mark: tuple) -> None:
-        (n, self.len_sum, hist, reached, accepted, self.draft_ms, self.verify_ms, self.drift, self.commits, self.ttft,
+        (n, self.len_sum, hist, proposed, accepted, self.draft_ms, self.verify_ms, self.drift, self.commits, self.ttft,
          self.t_end, self.n_out, self.copy_n, self.copy_sum) = mark
         del self.lengths[n:], self.block_sizes[n:]
         if hist is not None:
-            self.hist, self.reached, self.accepted = hist, reached, accepted
+            self.hist, self.proposed, self.accepted = hist, proposed, accepted
 
     def commit(self, c: ev.Commit, v: ev.Verify | None) -> None:
         self.ttft = c.t_ms if self.commits == 0 else self.ttft
@@ -101,7 +101,7 @@ class RunningStats:
             "acceptance_lengths": list(self.lengths),
             "tau": self.len_sum / len(self.lengths) if self.lengths else 0.0,
             "acceptance_histogram": dict(sorted(self.hist.items(), key=lambda kv: int(kv[0]))),
-            "per_position_acceptance": [a / r if r else 0.0 for a, r in zip(self.accepted, self.reached)],
+            "per_position_acceptance": [a / r if r else 0.0 for a, r in zip(self.accepted, self.proposed)],
             "block_sizes": list(self.block_sizes),
             "prefill_ms": prefill.ms if prefill else 0.0,
             "ttft_ms": self.ttft,

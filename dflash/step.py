@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from dflash import events as ev
-from dflash.adaptive import Outcome as StepOutcome
+from dflash.adaptive import BlockOutcome
 from dflash.drafter import DraftProposer, Proposal
 from dflash.lookup import NgramIndex, copied_span
 from dflash.request import Request
@@ -192,6 +192,6 @@ class StepResult:
     """What one block did, for the loop: the tokens it committed, the controller's outcome, why the output ended."""
 
     committed: list[int]  # tokens appended to the output (after stop / length truncation)
-    outcome: StepOutcome  # block size, accepted drafts, draft and verify ms (the block-size controller's input)
+    outcome: BlockOutcome  # block size, accepted drafts, draft and verify ms (the block-size controller's input)
     finish: str | None  # "eos", "stop" or "length" when the output ended with this block, else None
     source: str = ev.DRAFT  # who proposed the block (its controller learns from the outcome)

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from dflash.adaptive import POLICIES, Controller, CostAware, Outcome, SlowStart, make_controller, resolve
+from dflash.adaptive import POLICIES, BlockOutcome, Controller, CostAware, SlowStart, make_controller, resolve
 
 CONTROLLERS = [p for p in POLICIES if p != "auto"]
 
@@ -34,7 +34,7 @@ def test_fixed_never_changes():
     c = Controller(8, 2, 16)
     assert c.first()[0] == 8
     for acc in (0, 7, 3):
-        assert c.update(Outcome(8, acc, 1.0, 2.0))[0] == 8
+        assert c.update(BlockOutcome(8, acc, 1.0, 2.0))[0] == 8
 
 
 @pytest.mark.parametrize("start,lo,hi,expected", [(32, 2, 16, 16), (1, 2, 16, 2), (5, 1, 16, 5)])
@@ -49,7 +49,7 @@ def test_slow_start_grows_on_full_blocks_and_is_bounded():
     sizes = []
     size = c.first()[0]
     for _ in range(5):
-        size, reason = c.update(Outcome(size, size - 1, 1.0, 1.0))
+        size, reason = c.update(BlockOutcome(size, size - 1, 1.0, 1.0))
         sizes.append(size)
         assert reason
     assert sizes == [4, 8, 16, 16, 16]
@@ -60,16 +60,16 @@ def test_slow_start_halves_on_early_rejection_and_is_bounded():
     size = c.first()[0]
     sizes = []
     for _ in range(5):
-        size, _ = c.update(Outcome(size, 0, 1.0, 1.0))
+        size, _ = c.update(BlockOutcome(size, 0, 1.0, 1.0))
         sizes.append(size)
     assert sizes == [8, 4, 2, 2, 2]
 
 
 def test_slow_start_keeps_on_middling_acceptance():
     c = SlowStart(8, 2, 16)
-    assert c.update(Outcome(8, 4, 1.0, 1.0))[0] == 8  # 5 of 8 positions: neither full nor early rejection
-    assert c.update(Outcome(8, 7, 1.0, 1.0))[0] == 16
-    assert c.update(Outcome(16, 2, 1.0, 1.0))[0] == 8  # rejected at position 3 of 16
+    assert c.update(BlockOutcome(8, 4, 1.0, 1.0))[0] == 8  # 5 of 8 positions: neither full nor early rejection
+    assert c.update(BlockOutcome(8, 7, 1.0, 1.0))[0] == 16
+    assert c.update(BlockOutcome(16, 2, 1.0, 1.0))[0] == 8  # rejected at position 3 of 16
 
 
 def test_cost_expected_tokens_from_acceptance_estimate():
@@ -78,7 +78,7 @@ def test_cost_expected_tokens_from_acceptance_estimate():
     assert c.expected_tokens(1) == 1.0
     assert c.expected_tokens(3) == pytest.approx(1.75)
     for _ in range(200):  # every block of 4 fully accepted → alpha → 1
-        c.update(Outcome(4, 3, 1.0, 1.0))
+        c.update(BlockOutcome(4, 3, 1.0, 1.0))
     assert c.alpha(1) > 0.99 and c.expected_tokens(4) > 3.9
 
 
@@ -88,7 +88,7 @@ def test_cost_picks_the_argmax_of_its_own_estimate():
     size = c.first()[0]
     for _ in range(40):
         acc = rng.randint(0, size - 1)
-        size, reason = c.update(Outcome(size, acc, 2.0 + 0.3 * size, 10.0 + size * rng.uniform(0.5, 1.5)))
+        size, reason = c.update(BlockOutcome(size, acc, 2.0 + 0.3 * size, 10.0 + size * rng.uniform(0.5, 1.5)))
         if reason.startswith("probe"):  # the one exploration step while only one size has been measured
             continue
         rates = {s: c.expected_tokens(s) / c.cost(s) for s in range(1, 13)}
@@ -107,7 +107,7 @@ def simulate(policy: str, start: int, lo: int, hi: int, alpha: float, cost_ms, s
         acc = 0
         while acc < size - 1 and rng.random() < alpha:
             acc += 1
-        size, _ = c.update(Outcome(size, acc, 0.2 * cost_ms(size), 0.8 * cost_ms(size)))
+        size, _ = c.update(BlockOutcome(size, acc, 0.2 * cost_ms(size), 0.8 * cost_ms(size)))
         sizes.append(size)
     return sizes
 
@@ -168,5 +168,5 @@ def test_controllers_respect_bounds_under_random_outcomes():
             size = c.first()[0]
             for _ in range(50):
                 assert lo <= size <= hi
-                size, reason = c.update(Outcome(size, rng.randint(0, max(size - 1, 0)), rng.uniform(0, 5), rng.uniform(1, 50)))
+                size, reason = c.update(BlockOutcome(size, rng.randint(0, max(size - 1, 0)), rng.uniform(0, 5), rng.uniform(1, 50)))
                 assert isinstance(reason, str) and reason

@@ -46,7 +46,6 @@ CONTROL_KEYS = ("prompt", "preset", "block_size", "steps", "confidence", "accept
                 "min_block", "max_block", "temperature", "top_p", "max_new_tokens", "seed", "show_rejected", "step_mode")
 
 
-
 # Status of a Generate or Compare that Stop reached while it waited in the queue (the Stop button shows it too).
 STOPPED_IN_QUEUE = "**Stopped by the user** before it started: nothing was run."
 
