@@ -168,5 +168,6 @@ def test_controllers_respect_bounds_under_random_outcomes():
             size = c.first()[0]
             for _ in range(50):
                 assert lo <= size <= hi
-                size, reason = c.update(BlockOutcome(size, rng.randint(0, max(size - 1, 0)), rng.uniform(0, 5), rng.uniform(1, 50)))
+                outcome = BlockOutcome(size, rng.randint(0, max(size - 1, 0)), rng.uniform(0, 5), rng.uniform(1, 50))
+                size, reason = c.update(outcome)
                 assert isinstance(reason, str) and reason
