@@ -74,7 +74,10 @@ def uniform_noise(seed: int, positions: list[int], stream: int = UNIFORM_ACCEPT)
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """Mask logits outside the top-k / top-p support with -inf. logits: [..., V] (float32). top_k=0: off.
 
-    top-p keeps the smallest set of most likely tokens whose mass reaches top_p (always at least one).
+    top-k keeps every value >= the k-th largest; top-p then keeps a token iff the mass of the tokens strictly more
+    likely than it is below top_p (always at least one). Tokens with equal logits are kept or dropped together, so
+    the order a sort puts them in never matters (bfloat16 logits tie often) and the Triton kernels
+    (kernels/_triton_common.py) implement the same rule without sorting.
     """
     out = logits
     vocab = logits.shape[-1]
@@ -82,9 +85,12 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
         kth = torch.topk(out, top_k, dim=-1).values[..., -1:]  # [..., 1]
         out = out.masked_fill(out < kth, float("-inf"))
     if top_p < 1.0:
-        sorted_logits, order = torch.sort(out, dim=-1, descending=True)
-        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-        drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= top_p  # mass before this token already enough
+        sorted_logits, order = torch.sort(out, dim=-1, descending=True)  # [..., V]
+        probs = torch.softmax(sorted_logits, dim=-1)
+        before = probs.cumsum(-1) - probs  # mass ahead of each position in the sorted order
+        # a run of equal logits takes the mass ahead of its first member: the mass strictly above each of them
+        first = torch.searchsorted(-sorted_logits.contiguous(), -sorted_logits.contiguous(), side="left")
+        drop_sorted = before.gather(-1, first) >= top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         out = out.masked_fill(drop, float("-inf"))
     return out

@@ -84,10 +84,11 @@ def match_verify(
         # log p(x) - log max p >= log a, computed on logits (softmax normaliser cancels).
         gap = scaled[:n].gather(-1, draft_tokens[:, None]).squeeze(-1) - scaled[:n].max(-1).values  # [n]
         relaxed = (~exact) & (gap >= math.log(acceptance_threshold))
-    ok = (exact | relaxed).tolist()
+    rows = choice.shape[0]  # n + 1, or more with no draft (the target's own tokens at every row)
+    flat = torch.cat([(exact | relaxed).long(), choice, relaxed.long()]).tolist()  # [n ok, rows targets, n relaxed]: one copy
+    ok, targets, rel = flat[:n], flat[n: n + rows], flat[n + rows:]
     accepted_len = next((i for i, good in enumerate(ok) if not good), n)
-    targets = choice.tolist()
-    return Outcome(accepted_len, targets[accepted_len], targets, relaxed[:accepted_len].tolist())
+    return Outcome(accepted_len, targets[accepted_len], targets, [bool(v) for v in rel[:accepted_len]])
 
 
 def rejection_verify(

@@ -1,4 +1,5 @@
-"""The engine's verification calls: Triton kernels on CUDA when importable, the PyTorch reference elsewhere.
+"""The engine's verification calls: on CUDA the Triton kernels or the PyTorch reference, whichever is faster there;
+the reference elsewhere.
 
 `match_verify` and `speculative_verify` return `dflash.verify.Outcome`, whichever backend ran. The reference is
 `dflash.verify` itself (the specification of the kernels), so on CPU the engine's behaviour is bit-identical to
@@ -6,8 +7,11 @@ calling `dflash.verify` directly. The kernels live in the top-level `kernels` pa
 `dflash`: imports run engine → `dflash.step` → this module → `dflash.verify` / `kernels`.
 
 Backend choice, per call, from the device of the target logits:
-- `DFLASH_KERNELS=auto` (default): Triton for CUDA tensors when `triton` imports and CUDA is available;
-  the reference otherwise (CPU, or no Triton).
+- `DFLASH_KERNELS=auto` (default): on CUDA tensors, when `triton` imports, the faster of the two on this machine:
+  the first call of each kind (rule, sampling filters, rows, vocabulary, dtype, device) times both on its inputs
+  and that choice holds for later calls of the kind (`MEASURED` keeps the timings). Measured, not assumed: on an
+  H200 (torch 2.11, Triton 3.6) the reference was faster per call at vocabularies 49,152 and 151,936
+  (results/gpu/); another GPU or Triton version may differ. The reference otherwise (CPU, or no Triton).
 - `DFLASH_KERNELS=reference`: always the reference (e.g. to compare a run with kernels on and off).
 - `DFLASH_KERNELS=triton`: insist on Triton; on CPU tensors this needs `TRITON_INTERPRET=1` (Triton's
   interpreter, for tests), and without Triton it raises instead of falling back.
@@ -19,6 +23,9 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import statistics
+import time
+from collections.abc import Callable
 
 import torch
 
@@ -26,6 +33,8 @@ from dflash import verify
 from dflash.verify import Outcome, check_draft_ids
 
 MODES = ("auto", "triton", "reference")
+# DFLASH_KERNELS=auto on CUDA: (rule, filters, device, dtype, rows, vocabulary) -> {"triton_us", "reference_us", "chosen"}
+MEASURED: dict[tuple, dict] = {}
 
 
 @functools.cache
@@ -64,14 +73,58 @@ def backend(device: torch.device | str) -> str:
     return "reference"
 
 
+def _median_us(fn: Callable[[], object], device: torch.device, reps: int) -> float:
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    times = []
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def measured_choice(kind: tuple, device: torch.device, kernel: Callable[[], Outcome], reference: Callable[[], Outcome],
+                    reps: int = 5) -> Callable[[], Outcome]:
+    """The faster of `kernel` and `reference` (the same verification on the same inputs) for calls of `kind`: timed
+    once, after a warm-up call of each (the kernel compiles there), then `MEASURED[kind]` decides."""
+    if kind not in MEASURED:
+        kernel(), reference()
+        us = {"triton": _median_us(kernel, device, reps), "reference": _median_us(reference, device, reps)}
+        MEASURED[kind] = {"triton_us": round(us["triton"], 1), "reference_us": round(us["reference"], 1),
+                          "chosen": min(us, key=us.get)}
+    return kernel if MEASURED[kind]["chosen"] == "triton" else reference
+
+
+def _run(rule: str, logits: torch.Tensor, kernel: Callable[[], Outcome], reference: Callable[[], Outcome],
+         filters: tuple) -> Outcome:
+    """One verification through the backend `backend` names; auto on CUDA: the measured faster one."""
+    if backend(logits.device) == "reference":
+        return reference()
+    if mode() == "triton" or logits.device.type != "cuda":
+        return kernel()
+    kind = (rule, *filters, str(logits.device), str(logits.dtype).removeprefix("torch."), *logits.shape)  # rows, V
+    return measured_choice(kind, logits.device, kernel, reference)()
+
+
 def match_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, gumbel: torch.Tensor | None = None, acceptance_threshold: float = 1.0) -> Outcome:
     """The *match* rule (greedy / Gumbel-max / relaxed), as `dflash.verify.match_verify`.
 
     draft_tokens [n] long; target_logits [n+1, V]; gumbel [n+1, V] or None.
     """
-    if backend(target_logits.device) == "reference":
-        return verify.match_verify(draft_tokens, target_logits, temperature, top_k, top_p, gumbel, acceptance_threshold)
+    args = (draft_tokens, target_logits, temperature, top_k, top_p, gumbel, acceptance_threshold)
+    sampled = temperature > 0.0 and gumbel is not None
+    filters = ("sampled" if sampled else "greedy", sampled and (top_k > 0 or top_p < 1.0), acceptance_threshold < 1.0)
+    return _run("match", target_logits, lambda: _match_triton(*args), lambda: verify.match_verify(*args), filters)
+
+
+def _match_triton(draft_tokens: torch.Tensor, target_logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+                  gumbel: torch.Tensor | None, acceptance_threshold: float) -> Outcome:
     from kernels.greedy_verify_triton import match_verify_batched
 
     d = draft_tokens.to(target_logits.device)
@@ -93,9 +146,16 @@ def speculative_verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, ta
     draft_tokens [n] drawn from draft_probs q [n, V]; target_logits [n+1, V]; uniforms n floats in [0, 1);
     gumbel [n+1, V]. As `dflash.verify.speculative_verify`.
     """
-    if backend(target_logits.device) == "reference" or draft_tokens.shape[0] == 0:
-        return verify.speculative_verify(draft_tokens, draft_probs, target_logits, temperature, top_k, top_p,
-                                         uniforms, gumbel)
+    args = (draft_tokens, draft_probs, target_logits, temperature, top_k, top_p, uniforms, gumbel)
+    if draft_tokens.shape[0] == 0:
+        return verify.speculative_verify(*args)
+    return _run("rejection", target_logits, lambda: _speculative_triton(*args), lambda: verify.speculative_verify(*args),
+                (top_k > 0 or top_p < 1.0,))
+
+
+def _speculative_triton(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_logits: torch.Tensor,
+                        temperature: float, top_k: int, top_p: float, uniforms: list[float] | torch.Tensor,
+                        gumbel: torch.Tensor) -> Outcome:
     from kernels.spec_sample_triton import speculative_verify_batched
 
     dev = target_logits.device

@@ -7,9 +7,9 @@ so on a GPU the passes cost microseconds; they run only when top-k / top-p are o
 
 Semantics mirror `dflash.sampling.filter_logits` (the specification):
 - top-k keeps every value >= the k-th largest (ties at the k-th value are all kept, as `x < kth` drops);
-- top-p, after top-k, keeps a token iff the softmax mass of the tokens *strictly* above it is < top_p.
-  The only difference from the sorted cumsum is at exact value ties on the boundary and where the
-  cumulative mass is within float32 rounding of top_p (different summation order).
+- top-p, after top-k, keeps a token iff the softmax mass of the tokens *strictly* above it is < top_p (tied
+  values are kept or dropped together, as there). The only difference left is where that mass is within
+  float32 rounding of top_p (a different summation order).
 """
 
 from __future__ import annotations

@@ -296,6 +296,29 @@ def test_profile_tool_measures_the_tiny_target(bench_dir, capsys):
     assert all(0 < r["min_ms"] <= r["median_ms"] for r in rows)
 
 
+def test_host_work_profile_counts_per_block_traffic_by_vocabulary():
+    """`profile host-work` as a user runs it (a subprocess), on the CPU: a row per vocabulary, the blocks of a sampled
+    run, no host<->device copies (there is no device), both noise timings; a bad option is one line, exit 2."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "dflash.bench.profile", "host-work", "--device", "cpu", "--vocabs", "64,512",
+            "--layers", "1", "--block", "4", "--max-new-tokens", "6", "--reps", "2"]
+    run = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    doc = json.loads(run.stdout)
+    rows = doc["result"]["rows"]
+    assert [r["vocab"] for r in rows] == [64, 512] and doc["machine"]["cpu_flags"] is not None
+    for r in rows:
+        assert r["tokens"] == 6 and 1 <= r["blocks"] <= 6 and r["ms_per_block"] > 0
+        assert r["htod_copies"] == r["dtoh_copies"] == r["sync_calls"] == 0
+        assert r["noise_on_device_ms"] > 0 and r["noise_cpu_copied_ms"] > 0
+    assert doc["result"]["table"].count("\n") == 3  # header, rule, two rows
+    bad = subprocess.run([*argv[:6], "--vocabs", "64,x"], capture_output=True, text=True, timeout=120, check=False)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().splitlines()[-1] == "error: --vocabs: whole numbers separated by commas, got '64,x'"
+
+
 def test_settings_profile_runs_every_fixed_setting_against_the_default(bench_dir, capsys):
     """`profile settings`: ar in the default settings (with the draft loaded, and as an engine without it gets them),
     hf-generate in the same, and ar in every dtype × threads × layout, interleaved; float32 in either layout and at

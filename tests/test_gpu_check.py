@@ -40,11 +40,15 @@ def test_the_shell_script_takes_options_without_an_out_dir(tmp_path):
     run = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--quick"], env=env, capture_output=True, text=True,
                          timeout=30)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert f"scripts/gpu_check.py --out {out} --quick" in calls.read_text().splitlines()[-1]
+    made = calls.read_text().splitlines()
+    assert f"scripts/gpu_check.py --out {out} --quick" in made[-1]
+    assert any(c.startswith("-m pytest -q -m gpu tests/test_kernels.py") for c in made)
+    assert "-m dflash.bench.profile host-work --json" in made  # on a GPU: the default vocabularies
     assert out.is_dir()
     usage = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--help"], env=env, capture_output=True,
                            text=True, timeout=30)
-    assert usage.returncode == 0 and "OUT_DIR" in usage.stdout and len(calls.read_text().splitlines()) == 2
+    assert usage.returncode == 0 and "OUT_DIR" in usage.stdout and "CI-less" in usage.stdout
+    assert len(calls.read_text().splitlines()) == len(made)  # --help runs nothing
 
 
 def test_the_kernel_parity_check_runs_on_the_cpu_and_would_see_a_difference():

@@ -57,6 +57,19 @@ def test_filter_logits_support(top_k, top_p, kept):
     assert torch.equal(out[kept], logits[kept])  # kept logits untouched
 
 
+@pytest.mark.parametrize("order", [(0, 1, 2, 3), (1, 2, 0, 3), (3, 2, 1, 0), (2, 0, 3, 1)])
+def test_top_p_keeps_or_drops_equal_logits_together(order):
+    """The mass strictly above each of two tied tokens is p(top) = 0.56 < 0.6: both stay, wherever they sit and
+    whatever order a sort gives them (before: the sorted cumsum kept one, chosen by the sort; the Triton kernels kept
+    both, and bfloat16 logits, which tie often, made them differ on a GPU)."""
+    values = torch.tensor([2.0, 1.0, 1.0, -1.0])
+    logits = torch.empty(4)
+    logits[list(order)] = values
+    kept = filter_logits(logits, 0, 0.6) > NEG
+    assert kept[list(order)].tolist() == [True, True, True, False]
+    assert (filter_logits(logits, 0, 0.5) > NEG)[list(order)].tolist() == [True, False, False, False]
+
+
 def test_filter_logits_batched_rows_independent():
     logits = torch.tensor([[3.0, 2.0, 1.0, 0.0], [0.0, 1.0, 2.0, 3.0]])
     out = filter_logits(logits, 2, 1.0)

@@ -22,6 +22,9 @@
     python -m dflash.bench.profile settings [--method ar|dflash] [--prompts mt-bench] [--limit 8] [--max-new-tokens 64]
         `ar` in the default (host-probed) settings vs `hf-generate` in the same settings and `ar` in every fixed
         dtype × threads × layout, interleaved (dflash.bench.settings); `--method dflash`: DFlash in each.
+    python -m dflash.bench.profile host-work [--device cuda] [--vocabs 49152,151936] [--layers 4] [--block 16]
+        per verified block: host↔device copies and synchronising calls, by vocabulary size, and the block's noise
+        drawn on the device vs on the CPU and copied (dflash.bench.host_work).
 
 Options shared with the CLI: --preset/--target/--draft/--dtype/--threads. Keep runs small on a shared CPU.
 """
@@ -36,7 +39,7 @@ import time
 
 import torch
 
-from dflash.bench import drift, settings
+from dflash.bench import drift, host_work, settings
 from dflash.bench.machine import machine_info
 from dflash.cli import add_model_args, engine_from_args
 from dflash.errors import DFlashError
@@ -256,16 +259,17 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument("--repeats", type=int, default=2)
     d = drift.add_parser(sub)
     s = settings.add_parser(sub)
+    host_work.add_parser(sub)  # its own options: random models, no --preset/--target
     for q in (f, pf, o, g, h, d, s):
         add_model_args(q)
         if q not in (d, s, pf):
             q.add_argument("--random-draft", type=int, metavar="LAYERS", help="a random draft sized for the target")
         q.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = p.parse_args(argv)
-    if args.threads:
+    if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     modes = {"forward": forward_costs, "prefill": prefill_costs, "ops": op_profile, "gemm": gemm_costs, "head-ab": head_ab,
-             "logit-drift": drift.logit_drift, "settings": settings.profile_settings}
+             "logit-drift": drift.logit_drift, "settings": settings.profile_settings, "host-work": host_work.host_work}
     try:
         result = modes[args.mode](args)
     except DFlashError as exc:  # a bad option or model: the message names it
