@@ -19,7 +19,7 @@ from dflash.lookup import NgramIndex, copied_span
 from dflash.request import Request
 from dflash.sampling import GUMBEL_TARGET, UNIFORM_ACCEPT, gumbel_noise, uniform_noise
 from dflash.verify import Outcome, top2_gap
-from dflash.verify_dispatch import match_verify, speculative_verify  # Triton on CUDA, dflash.verify elsewhere
+from dflash.verify_dispatch import match_verify, speculative_verify  # on CUDA the faster of Triton and dflash.verify
 
 
 class MatchRule:

@@ -32,6 +32,14 @@ def pytest_counts(name: str) -> str:
     return ", ".join(re.findall(r"\d+ (?:passed|failed|skipped)", line))
 
 
+def step_seconds(name: str) -> str:
+    """'the tests 123 s, ...; 351 s in all' from the `== step (HH:MM:SS)` lines gpu_check.sh prints."""
+    marks = re.findall(r"^== (.+?) \((?:[^)]*?)(\d\d):(\d\d):(\d\d)", (GPU / name).read_text(), flags=re.M)
+    at = [(step, int(h) * 3600 + int(m) * 60 + int(sec)) for step, h, m, sec in marks]
+    parts = [f"{step.split(':')[0]} {b - a} s" for (step, a), (_, b) in zip(at, at[1:])]
+    return f"{', '.join(parts)}; {at[-1][1] - at[0][1]} s in all"
+
+
 def checks_line(run: dict) -> str:
     words = []
     for name, r in run.items():
@@ -91,7 +99,8 @@ def body() -> str:
         "SmolLM2-135M's exact shape and the draft the shipped one. τ is therefore about 1 and the speed rows measure "
         "the machinery (a verify and a draft pass per token), not the draft.",
         "",
-        f"- **First run** (`scripts/gpu_check.sh`): {checks_line({k: v for k, v in one.items()})}. `gpu` tests: "
+        f"- **First run** (`scripts/gpu_check.sh`; {step_seconds('h200-run-1.log')}): "
+        f"{checks_line({k: v for k, v in one.items()})}. `gpu` tests: "
         f"{pytest_counts('h200-pytest-1.log')}. Kernel parity: {parity(one)}. Those were exact ties in bfloat16 on the "
         "top-p boundary: the reference's sorted cumsum dropped one of two equal logits (which one, the sort decided) "
         "where the kernels keep both. `dflash.sampling.filter_logits` now keeps or drops equal logits together, as "
@@ -128,7 +137,8 @@ def body() -> str:
         "",
         f"Random weights of SmolLM2-135M's width, {hw['result']['layers']} layers, a random one-layer draft, blocks "
         f"of {hw['result']['block']}, sampling at temperature 0.7, {hw['result']['dtype']}; torch.profiler counts per "
-        "verified block, and the block's noise [17, V] drawn on the device vs on the CPU and copied:",
+        f"verified block, and the block's noise [{hw['result']['block'] + 1}, V] drawn on the device vs on the CPU and "
+        "copied:",
         "",
         host_work_table(hw["result"]["rows"]),
         "",

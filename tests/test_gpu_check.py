@@ -47,7 +47,8 @@ def test_the_shell_script_takes_options_without_an_out_dir(tmp_path):
     assert out.is_dir()
     usage = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--help"], env=env, capture_output=True,
                            text=True, timeout=30)
-    assert usage.returncode == 0 and "OUT_DIR" in usage.stdout and "CI-less" in usage.stdout
+    assert usage.returncode == 0 and "OUT_DIR" in usage.stdout and "CI-less" in usage.stdout  # the header, whole
+    assert "pipefail" not in usage.stdout  # and nothing after it
     assert len(calls.read_text().splitlines()) == len(made)  # --help runs nothing
 
 

@@ -18,6 +18,7 @@ On a CPU (`--device cpu`) the same code runs; there is nothing to copy and the c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
@@ -97,13 +98,12 @@ def _one_vocab(vocab: int, args, device: torch.device) -> dict:
     engine = _engine(vocab, args.layers, args.block, device)
     req = Request(prompt_ids=tuple(range(1, 33)), max_new_tokens=args.max_new_tokens, temperature=0.7, seed=0,
                   adaptive="fixed", block_size=args.block)
-    engine.generate(Request(**{**req.__dict__, "max_new_tokens": 8}))  # warm-up: kernels compiled, caches filled
+    engine.generate(dataclasses.replace(req, max_new_tokens=8))  # warm-up: kernels compiled, caches filled
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=acts) as prof:
         res = engine.generate(req)
         _sync(device)
     blocks = max(res.stats["n_verify"], 1)
-    _sync(device)
     t0 = time.perf_counter()
     timed = engine.generate(req)
     _sync(device)
