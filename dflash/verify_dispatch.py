@@ -73,17 +73,20 @@ def backend(device: torch.device | str) -> str:
     return "reference"
 
 
-def _median_us(fn: Callable[[], object], device: torch.device, reps: int) -> float:
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA); nothing to wait for on a CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
+
+def median_us(fn: Callable[[], object], device: torch.device, reps: int) -> float:
+    """The median of `reps` synchronised calls of `fn`, in µs (also dflash.bench.host_work's timer)."""
     times = []
     for _ in range(reps):
-        sync()
+        sync(device)
         t0 = time.perf_counter()
         fn()
-        sync()
+        sync(device)
         times.append((time.perf_counter() - t0) * 1e6)
     return statistics.median(times)
 
@@ -94,7 +97,7 @@ def measured_choice(kind: tuple, device: torch.device, kernel: Callable[[], Outc
     once, after a warm-up call of each (the kernel compiles there), then `MEASURED[kind]` decides."""
     if kind not in MEASURED:
         kernel(), reference()
-        us = {"triton": _median_us(kernel, device, reps), "reference": _median_us(reference, device, reps)}
+        us = {"triton": median_us(kernel, device, reps), "reference": median_us(reference, device, reps)}
         MEASURED[kind] = {"triton_us": round(us["triton"], 1), "reference_us": round(us["reference"], 1),
                           "chosen": min(us, key=us.get)}
     return kernel if MEASURED[kind]["chosen"] == "triton" else reference

@@ -84,19 +84,6 @@ def env_info(device: str) -> dict:
     return info
 
 
-def random_smollm2_shape():
-    """A random-weight Llama with SmolLM2-135M's exact shapes (used when the GGUF is not available)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
-                      tie_word_embeddings=True, initializer_range=0.1, bos_token_id=None, eos_token_id=None,
-                      pad_token_id=None)
-    return LlamaForCausalLM(cfg)
-
-
 def random_draft(target, block_size: int = 16):
     import torch
 
@@ -110,6 +97,7 @@ def build_engine(args, device: str, dtype: str):
     """(engine, description) on the default models; random stand-ins where a model is not available."""
     from dflash.engine import Engine
     from dflash.errors import ModelLoadError
+    from dflash.bench.host_work import smollm2_shaped
     from dflash.load import default_draft_available, load_engine, pick_dtype
     from dflash.registry import DEFAULT_DRAFT_DIR
     from dflash.target import Target
@@ -121,7 +109,7 @@ def build_engine(args, device: str, dtype: str):
         target, target_desc = engine.target, ("SmolLM2-135M-Instruct (GGUF)" if args.target == "default" else args.target)
     except ModelLoadError as exc:
         dt = pick_dtype(dtype, __import__("torch").device(device))
-        target = Target(random_smollm2_shape(), None, name="random-smollm2", device=__import__("torch").device(device), dtype=dt)
+        target = Target(smollm2_shaped(), None, name="random-smollm2", device=__import__("torch").device(device), dtype=dt)
         target_desc = f"random weights, SmolLM2-135M shape (default target unavailable: {exc})"
     draft_dir = args.draft or str(DEFAULT_DRAFT_DIR)
     if default_draft_available(draft_dir):

@@ -100,7 +100,7 @@ def body() -> str:
         "the machinery (a verify and a draft pass per token), not the draft.",
         "",
         f"- **First run** (`scripts/gpu_check.sh`; {step_seconds('h200-run-1.log')}): "
-        f"{checks_line({k: v for k, v in one.items()})}. `gpu` tests: "
+        f"{checks_line(one)}. `gpu` tests: "
         f"{pytest_counts('h200-pytest-1.log')}. Kernel parity: {parity(one)}. Those were exact ties in bfloat16 on the "
         "top-p boundary: the reference's sorted cumsum dropped one of two equal logits (which one, the sort decided) "
         "where the kernels keep both. `dflash.sampling.filter_logits` now keeps or drops equal logits together, as "

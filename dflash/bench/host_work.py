@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 import time
 
 import torch
 
 from dflash.errors import ValidationError
 from dflash.sampling import GUMBEL_TARGET, gumbel_noise
+from dflash.verify_dispatch import median_us, sync
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 
@@ -42,38 +42,30 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _engine(vocab: int, layers: int, block: int, device: torch.device):
-    """An engine over random weights: SmolLM2-135M's width, `layers` deep, `vocab` entries; a 1-layer draft."""
+def smollm2_shaped(vocab: int = 49152, layers: int = 30):
+    """A random-weight Llama of SmolLM2-135M's exact shapes (seed 0), `vocab` entries and `layers` deep: the
+    stand-in where the real model cannot be had (here, and in scripts/gpu_check.py on a bare device machine)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
+                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
+                      tie_word_embeddings=True, initializer_range=0.1, bos_token_id=None, eos_token_id=None,
+                      pad_token_id=None)
+    return LlamaForCausalLM(cfg)
+
+
+def _engine(vocab: int, layers: int, block: int, device: torch.device):
+    """An engine over random weights: SmolLM2-135M's width, `layers` deep, `vocab` entries; a 1-layer draft."""
     from dflash.draft import DFlashDraftModel, DraftConfig
     from dflash.engine import Engine
     from dflash.target import Target
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
-                      num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True, initializer_range=0.1,
-                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    model = smollm2_shaped(vocab, layers)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    target = Target(LlamaForCausalLM(cfg), None, name=f"random-v{vocab}", device=device, dtype=dtype)
-    draft = DFlashDraftModel(DraftConfig.for_target(cfg, vocab, layers=1, block_size=block))
+    target = Target(model, None, name=f"random-v{vocab}", device=device, dtype=dtype)
+    draft = DFlashDraftModel(DraftConfig.for_target(model.config, vocab, layers=1, block_size=block))
     return Engine(target, draft, name=target.name)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _median_ms(fn, device: torch.device, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def _traffic(prof, blocks: int) -> dict:
@@ -102,15 +94,15 @@ def _one_vocab(vocab: int, args, device: torch.device) -> dict:
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=acts) as prof:
         res = engine.generate(req)
-        _sync(device)
+        sync(device)
     blocks = max(res.stats["n_verify"], 1)
     t0 = time.perf_counter()
     timed = engine.generate(req)
-    _sync(device)
+    sync(device)
     wall_ms = (time.perf_counter() - t0) * 1e3
     positions = list(range(100, 101 + args.block))  # a block's verify rows: block + 1 positions
-    on_device = _median_ms(lambda: gumbel_noise(7, positions, vocab, GUMBEL_TARGET, device), device, args.reps)
-    copied = _median_ms(lambda: gumbel_noise(7, positions, vocab, GUMBEL_TARGET, "cpu").to(device), device, args.reps)
+    on_device = median_us(lambda: gumbel_noise(7, positions, vocab, GUMBEL_TARGET, device), device, args.reps) / 1e3
+    copied = median_us(lambda: gumbel_noise(7, positions, vocab, GUMBEL_TARGET, "cpu").to(device), device, args.reps) / 1e3
     return {"vocab": vocab, "blocks": blocks, "tokens": len(res.output_ids), **_traffic(prof, blocks),
             "ms_per_block": round(wall_ms / max(timed.stats["n_verify"], 1), 2),
             "noise_on_device_ms": round(on_device, 3), "noise_cpu_copied_ms": round(copied, 3)}
