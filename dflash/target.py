@@ -5,6 +5,7 @@ turns a prompt into the target's token ids.
 
 from __future__ import annotations
 
+import weakref
 from contextlib import nullcontext
 
 import torch
@@ -15,15 +16,56 @@ from dflash.packed import PackedLinear, float32_matmuls, layout_of, set_layout
 
 def chat_prompt_ids(tokenizer, prompt: str | list[dict]) -> list[int]:
     """A user prompt (or a whole chat history of messages) through the tokenizer's chat template, ending with the
-    assistant's generation prompt.
+    assistant's generation prompt. The messages' text stays text: `<|im_end|>` typed in a prompt is tokenized as
+    those characters, not as the special token, so typed text cannot fake a turn of the conversation.
 
     enable_thinking=False: Qwen3's template then writes an empty think block and the model answers directly, as
     the public z-lab Qwen3 drafts were trained and benchmarked; templates that never read the variable (SmolLM2,
     Llama 3.1) render exactly as without it.
     """
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    specials = [t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special]
+    if any(isinstance(m.get("content"), str) and any(s in m["content"] for s in specials) for m in messages):
+        return _ids_with_text_content(tokenizer, messages)
     out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=False, return_dict=True)
     return list(out["input_ids"])
+
+
+_SENTINEL = "\x00dflash-message-{}\x00"
+
+
+def _ids_with_text_content(tokenizer, messages: list[dict]) -> list[int]:
+    """The template rendered around placeholders; its own text tokenized as usual (its special tokens are real),
+    each message's content with special-token strings taken as plain characters. Only for messages that hold such
+    strings: elsewhere the whole rendering is tokenized at once, exactly as the drafts were trained."""
+    holders = [{**m, "content": _SENTINEL.format(i)} if isinstance(m.get("content"), str) else m
+               for i, m in enumerate(messages)]
+    rendered = tokenizer.apply_chat_template(holders, add_generation_prompt=True, enable_thinking=False, tokenize=False)
+    ids: list[int] = []
+    for i, m in enumerate(messages):
+        if holders[i] is m:
+            continue
+        before, _, rendered = rendered.partition(_SENTINEL.format(i))
+        ids += tokenizer(before, add_special_tokens=False)["input_ids"] + _plain_ids(tokenizer, m["content"])
+    return ids + list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+
+
+def _plain_ids(tokenizer, text: str) -> list[int]:
+    """`text`'s ids with no special tokens matched. A copy of the fast tokenizer's backend does it: the shared one's
+    `encode_special_tokens` switch is per tokenizer, and flipping it would race with other threads' prompts."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:  # a slow (Python) tokenizer keeps no such shared switch
+        return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    plain = _PLAIN_BACKENDS.get(tokenizer)
+    if plain is None:
+        from tokenizers import Tokenizer
+
+        plain = _PLAIN_BACKENDS[tokenizer] = Tokenizer.from_str(backend.to_str())
+        plain.encode_special_tokens = True
+    return plain.encode(text, add_special_tokens=False).ids
+
+
+_PLAIN_BACKENDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer → its backend, specials off
 
 
 def feature_module(model: nn.Module, j: int) -> nn.Module:
