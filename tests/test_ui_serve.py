@@ -90,6 +90,29 @@ def test_help_lists_the_option_and_the_environment():
     assert all(name in proc.stdout for name in names)
 
 
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_a_port_in_use_is_named_before_anything_loads(host):
+    """Before, the model loaded (~10 s), then Gradio's traceback suggested `launch(server_port=…)`."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        proc = serve(env={**ENV, "GRADIO_SERVER_PORT": str(port), "GRADIO_SERVER_NAME": host})
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"dflash-playground: error: --port: port {port} is already in use on {host} (choose another with --port N or "
+        "GRADIO_SERVER_PORT) (usage: python app.py --help)"], proc.stderr
+    assert time.monotonic() - started < 60  # nothing was loaded (a load alone takes ~10 s, more on a busy host)
+
+
+@pytest.mark.parametrize("host", ["999.1.1.1", "192.0.2.1"])  # not an address; an address of no machine here
+def test_a_server_name_that_is_not_this_machine_is_named(host):
+    proc = serve("--port", str(free_port()), env={**ENV, "GRADIO_SERVER_NAME": host})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith(f"dflash-playground: error: GRADIO_SERVER_NAME: '{host}' is not ") and "address" in lines[0]
+
+
 @pytest.mark.slow
 def test_a_draft_made_for_another_target_is_refused_before_serving(tmp_path):
     """A draft for a deeper target (it reads layer 35 of 40), and one whose config.json is not a draft's."""

@@ -1,6 +1,7 @@
 """`dflash-playground` (and `python app.py`): serve the playground on http://127.0.0.1:7860.
 
-`--port N` (or GRADIO_SERVER_PORT) changes the port; Hugging Face Spaces sets GRADIO_SERVER_NAME=0.0.0.0. Loads the default
+`--port N` (or GRADIO_SERVER_PORT) changes the port; Hugging Face Spaces sets GRADIO_SERVER_NAME=0.0.0.0 (both are
+checked before anything loads: a port in use or an address not of this machine is one line, exit status 2). Loads the default
 preset (SmolLM2-135M-Instruct + our DFlash draft) before serving, so the first visitor does not wait; on a Space
 (or with DFLASH_AUTO_INSTALL=1) it first installs the default target's GGUF package if missing (ui/space_setup.py).
 `--draft DIR` (or DFLASH_DRAFT) serves the default target with another draft directory, e.g. one that
@@ -12,8 +13,10 @@ can run; unset: the default only), see ui/engines.py for how their loads are bou
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
+import socket
 import sys
 from typing import NoReturn
 
@@ -21,6 +24,7 @@ from dflash.registry import draft_dir_problem
 
 DRAFT_ENV = "DFLASH_DRAFT"
 PORT_ENV, DEFAULT_PORT = "GRADIO_SERVER_PORT", 7860
+HOST_ENV, DEFAULT_HOST = "GRADIO_SERVER_NAME", "127.0.0.1"
 PROG = "dflash-playground"
 
 
@@ -65,7 +69,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         problem = draft_dir_problem(args.draft)
         if problem:
             parser.error(f"--draft: {problem}")
+    problem = address_problem(os.environ.get(HOST_ENV) or DEFAULT_HOST, args.port)
+    if problem:
+        parser.error(problem)
     return args
+
+
+def address_problem(host: str, port: int) -> str | None:
+    """Why the server could not listen on host:port (None: it can), found before the model loads (~10 s): Gradio
+    would find it only after that, with a traceback. Binds as Gradio does (SO_REUSEADDR, and 127.0.0.1 too, where it
+    checks the port), then lets go; a port taken in between still fails in Gradio."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (OSError, UnicodeError):
+        return f"{HOST_ENV}: {host!r} is not a host name or address of this machine"
+    places = [(family, kind, proto, address)] + ([(socket.AF_INET, kind, 0, ("127.0.0.1", port))]
+                                                 if address[0] != "127.0.0.1" else [])
+    for family, kind, proto, address in places:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(address)
+            except OSError as exc:
+                return _bind_error(exc, host, port)
+    return None
+
+
+def _bind_error(exc: OSError, host: str, port: int) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return f"--port: port {port} is already in use on {host} (choose another with --port N or {PORT_ENV})"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"{HOST_ENV}: {host!r} is not an address of this machine"
+    return f"--port: cannot listen on {host}:{port} ({exc.strerror or type(exc).__name__}; --port or {PORT_ENV})"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -74,9 +109,9 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from dflash.errors import DFlashError, ValidationError
     from dflash.host import env_threads
-    from ui import build_demo, launch_kwargs
-    from ui.engines import EngineProvider
-    from ui.space_setup import prepare_default_target
+    from . import build_demo, launch_kwargs
+    from .engines import EngineProvider
+    from .space_setup import prepare_default_target
 
     try:
         threads = env_threads()
