@@ -5,52 +5,40 @@ predicts all still-masked positions and commits those whose confidence reaches t
 the most confident one; all remaining ones at the last step) — LLaDA low-confidence remasking with Fast-dLLM's
 threshold. The context K/V are computed once per block and reused across steps.
 
-`DraftProposer` is what the engine needs from a drafter; `Drafter` is the one built from a DFlash draft model.
+`Drafter` is the draft model as a `dflash.proposer.Proposer`.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass, field
 
 import torch
 
 from dflash.draft import DFlashDraftModel, DraftCache
+from dflash.events import DRAFT
 from dflash.packed import PackedLinear
+from dflash.proposer import Proposal
 from dflash.sampling import GUMBEL_DRAFT, gumbel_noise, target_probs
 
 
 @dataclass
-class Proposal:
-    tokens: list[int]  # [b - 1] proposals for block positions 1 .. b-1
-    confidences: list[float]  # draft probability of each proposal when it was committed
-    q: torch.Tensor | None  # [b - 1, V] the draft's sampling law (rejection rule only)
-    steps: list[dict]  # one dict per denoising step (fields of events.DraftStep)
-    ms: float
+class DraftContext:
+    """A request's draft context: the injected K/V of the positions flushed so far, and the target features handed
+    over since, as (features [1, T, k*H], first position) — computed in one call just before the next draft pass
+    (blocks that drafted nothing, copied ones or blocks of one, queue several)."""
 
-
-@runtime_checkable
-class DraftProposer(Protocol):
-    """What the engine asks of a drafter, per request: a fresh context cache, the target's features of committed
-    positions (each position once, in order, only positions before the next block's anchor), and block proposals.
-    The cache is opaque to the engine, which never crops it: rejected positions never reach it."""
-
-    def new_cache(self) -> Any:
-        """An empty context cache for one request."""
-        ...
-
-    def extend_context(self, cache: Any, features: torch.Tensor, start_pos: int) -> None:
-        """Add target features [1, T, k*H] of absolute positions start_pos .. start_pos+T-1 to `cache`."""
-        ...
-
-    def propose(self, cache: Any, anchor: int, start: int, size: int, n_steps: int, threshold: float,
-                sample: dict | None) -> Proposal:
-        """Proposals for block positions 1 .. size-1 after `anchor` at absolute position `start` (see `Drafter`)."""
-        ...
+    cache: DraftCache = field(default_factory=DraftCache)
+    pending: list[tuple[torch.Tensor, int]] = field(default_factory=list)
 
 
 class Drafter:
+    """The DFlash draft model as a `Proposer`: the block [anchor, MASK × (b-1)] through the draft layers, whose keys
+    and values also hold the target's features of every committed position (KV injection)."""
+
+    name = DRAFT
+    min_block = 1  # a block of one is a plain target step, which the draft's controller may choose
+
     def __init__(self, draft: DFlashDraftModel, embed, lm_head_weight: torch.Tensor, vocab_ids: torch.Tensor | None,
                  vocab_size: int, head: PackedLinear | None = None):
         self.draft = draft
@@ -65,16 +53,27 @@ class Drafter:
         # (no second packed copy of the head). Rows > 1 are ~2x faster than `hidden @ head.T` on CPU float32.
         self.head_fn = head if (head is not None and vocab_ids is None) else PackedLinear(self.head)
 
-    def new_cache(self) -> DraftCache:
-        return DraftCache()
+    @property
+    def layers(self) -> tuple[int, ...]:
+        return tuple(self.draft.config.target_layer_ids)
 
-    def extend_context(self, cache: DraftCache, features: torch.Tensor, start_pos: int) -> None:
-        """Append injected K/V for target features [1, T, k*H] at positions start_pos .. start_pos+T-1."""
-        if features.shape[1] == 0:
-            return
-        pos = torch.arange(start_pos, start_pos + features.shape[1], device=features.device)
-        with torch.inference_mode():
-            cache.append(self.draft.context_kv(features.to(self.head.dtype), pos))
+    def new_state(self) -> DraftContext:
+        return DraftContext()
+
+    def extend_context(self, state: DraftContext, features: torch.Tensor, start_pos: int) -> None:
+        """Queue target features [1, T, k*H] of positions start_pos .. start_pos+T-1 (`flush` injects them)."""
+        if features.shape[1]:
+            state.pending.append((features, start_pos))
+
+    def flush(self, state: DraftContext) -> DraftCache:
+        """Append the injected K/V of the queued features (consecutive positions) to the context cache."""
+        if state.pending:
+            feats, start = torch.cat([f for f, _ in state.pending], 1), state.pending[0][1]
+            state.pending.clear()
+            pos = torch.arange(start, start + feats.shape[1], device=feats.device)
+            with torch.inference_mode():
+                state.cache.append(self.draft.context_kv(feats.to(self.head.dtype), pos))
+        return state.cache
 
     def _full(self, sub: torch.Tensor) -> torch.Tensor:
         """Map draft-vocab logits [n, Vd] to full-vocab logits [n, V] (-inf outside the draft vocab)."""
@@ -84,14 +83,12 @@ class Drafter:
         return out.index_copy_(1, self.vocab_ids.to(sub.device), sub)
 
     @torch.inference_mode()
-    def propose(self, cache: DraftCache, anchor: int, start: int, size: int, n_steps: int, threshold: float,
+    def propose(self, state: DraftContext, seq: list[int], size: int, n_steps: int, threshold: float,
                 sample: dict | None) -> Proposal:
-        """Draft block positions 1..size-1 after `anchor` (at absolute position `start`).
-
-        sample: None → argmax proposals (greedy and the match rule); else {temperature, top_k, top_p, seed} →
-        proposals drawn from the draft's tempered law with per-position noise (rejection rule, S = 1).
-        """
+        """Draft block positions 1..size-1 after the anchor seq[-1] (`Proposer.propose`). With a sample dict the
+        proposals are drawn from the draft's tempered law with per-position noise (rejection rule, S = 1)."""
         t0 = time.perf_counter()
+        cache, anchor, start = self.flush(state), seq[-1], len(seq) - 1
         dev = self.head.device
         n = size - 1
         tokens = [anchor] + [self.mask_id] * n
@@ -130,37 +127,3 @@ class Drafter:
             if not any(masked):
                 break
         return Proposal(tokens[1:], conf[1:], q, steps, (time.perf_counter() - t0) * 1000)
-
-
-class ScriptedDrafter(Drafter):
-    """A diagnostic drafter that proposes a known token for each absolute position (`token_at`), while its context
-    handling (the draft model's K/V cache) stays that of `base`. With the target's own output as the script
-    (`OracleDrafter`) every block is accepted whole, which runs the multi-token accept path and the cache crops
-    that an untrained draft never reaches: the tests and scripts/gpu_check.py use it for that."""
-
-    def __init__(self, base: Drafter, full_sequence: list[int]):
-        super().__init__(base.draft, base.embed, base.lm_head_weight, base.vocab_ids, base.vocab_size)
-        self.full = list(full_sequence)  # prompt + the continuation to propose
-        self.calls: list[tuple[int, int, int]] = []  # (start, size, len(cache)) per propose
-
-    def reference(self, t: int) -> int:
-        return self.full[t] if t < len(self.full) else 0
-
-    def token_at(self, t: int) -> int:
-        raise NotImplementedError
-
-    def propose(self, cache: DraftCache, anchor: int, start: int, size: int, n_steps: int, threshold: float,
-                sample: dict | None) -> Proposal:
-        self.calls.append((start, size, len(cache)))
-        tokens = [self.token_at(t) for t in range(start + 1, start + size)]
-        step = {"step": 0, "n_steps": n_steps, "start": start, "tokens": [anchor] + tokens,
-                "confidences": [1.0] * size, "masked": [False] * size, "committed": [False] + [True] * (size - 1),
-                "ms": 0.0}
-        return Proposal(tokens, [1.0] * len(tokens), None, [step], 0.0)
-
-
-class OracleDrafter(ScriptedDrafter):
-    """Always proposes the scripted continuation (give it the target's own output: every block is accepted)."""
-
-    def token_at(self, t: int) -> int:
-        return self.reference(t)

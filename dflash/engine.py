@@ -23,10 +23,11 @@ from dflash import events as ev
 from dflash.adaptive import BlockOutcome
 from dflash.adaptive import make_controller, resolve
 from dflash.draft import DFlashDraftModel
-from dflash.drafter import Drafter, DraftProposer, Proposal
+from dflash.drafter import Drafter
 from dflash.errors import BusyError, ValidationError
 from dflash.limits import block_sizes, check_context
-from dflash.lookup import NgramIndex, copy_proposal
+from dflash.lookup import CopyProposer
+from dflash.proposer import Proposal, Proposer
 from dflash.request import MAX_PROMPT_TOKENS, Request
 from dflash.stats import compute_stats
 from dflash.step import Run, StepResult, TextStream, verify_rule
@@ -74,19 +75,20 @@ class Engine:
     use_draft=False (the autoregressive baseline). Without a draft model only those run: a request with use_draft
     True, the default, is refused with a ValidationError naming use_draft.
 
-    `drafter`: proposes the blocks in place of the `Drafter` built from `draft` (see `use_drafter`); the draft's
-    config still says which target layers are captured and the trained block size, so it needs `draft`.
+    `drafter`: the `Proposer` of drafted blocks in place of the `Drafter` built from `draft` (see `use_drafter`);
+    the draft's config still says which target layers are captured and the trained block size, so it needs `draft`.
+    A request's chain (`chain`) may put other proposers before it.
     """
 
     def __init__(self, target: Target, draft: DFlashDraftModel | None = None, draft_vocab: torch.Tensor | None = None,
-                 name: str = "", drafter: DraftProposer | None = None):
+                 name: str = "", drafter: Proposer | None = None):
         self.target = target
         self.name = name
         if draft is not None:
             draft.config.check_fits(target.hidden_size, target.num_layers, target.vocab_size, draft_vocab)
         self.draft = draft.to(device=target.device, dtype=target.dtype).eval() if draft is not None else None
         self._draft_vocab = draft_vocab
-        self.drafter: DraftProposer | None = None  # read by the UI: None means no draft to run
+        self.drafter: Proposer | None = None  # read by the UI: None means no draft to run
         if self.draft is not None:
             target.set_capture(self.draft.config.target_layer_ids)
             self.use_drafter(drafter)
@@ -105,10 +107,14 @@ class Engine:
         """The target token ids the draft head scores (None: the whole vocabulary)."""
         return self._draft_vocab
 
-    def use_drafter(self, drafter: DraftProposer | None = None) -> None:
-        """Propose the blocks of the next requests with `drafter`; None: with a `Drafter` over the draft model."""
+    def use_drafter(self, drafter: Proposer | None = None) -> None:
+        """Draft the blocks of the next requests with `drafter`; None: with a `Drafter` over the draft model. It
+        reads the target layers the draft's config names, or none."""
         if self.draft is None:
             raise ValueError("drafter: this engine has no draft model, so it runs without a drafter")
+        if drafter is not None and tuple(drafter.layers) not in ((), tuple(self.draft.config.target_layer_ids)):
+            raise ValueError(f"drafter: reads target layers {list(drafter.layers)}; this engine captures "
+                             f"{list(self.draft.config.target_layer_ids)}")
         if drafter is None:
             tg = self.target
             drafter = Drafter(self.draft, tg.embed, tg.lm_head_weight, self._draft_vocab, tg.vocab_size, head=tg.head)
@@ -249,14 +255,22 @@ class Engine:
     def _hold(self) -> None:
         self._holder = threading.get_ident()  # a stream may be advanced by another thread than the one that started it
 
+    def chain(self, req: Request) -> list[Proposer]:
+        """The request's proposers, in the order they are asked for each block: copying from the context first when
+        it asks (lookup_ngram > 0), then the draft. Empty for use_draft=False: blocks of one token."""
+        if not req.use_draft or self.drafter is None:
+            return []
+        tg = self.target
+        return ([CopyProposer(req.lookup_ngram, tg.vocab_size, tg.device)] if req.lookup_ngram else []) + [self.drafter]
+
     def _new_run(self, req: Request, prompt_ids: list[int], out: list[int], t_start: float) -> Run:
-        """A request's state before its prefill: empty caches, the verification rule chosen once for the request."""
-        tg, drafter = self.target, (self.drafter if req.use_draft else None)
+        """A request's state before its prefill: empty caches and proposer states, the verification rule chosen once
+        for the request."""
+        tg, chain = self.target, self.chain(req)
         eos = tg.stop_ids()
-        lookup = NgramIndex(req.lookup_ngram) if drafter is not None and req.lookup_ngram else None
-        return Run(req=req, rule=verify_rule(req, tg.device), drafter=drafter, cache=tg.new_cache(),
-                   dcache=drafter.new_cache() if drafter is not None else None, text=TextStream(self.decode),
-                   t_start=t_start, out=out, seq=list(prompt_ids), eos=eos, stops=set(req.stop_ids) | eos, lookup=lookup)
+        return Run(req=req, rule=verify_rule(req, tg.device), chain=chain, states=[p.new_state() for p in chain],
+                   cache=tg.new_cache(), text=TextStream(self.decode), t_start=t_start, out=out, seq=list(prompt_ids),
+                   eos=eos, stops=set(req.stop_ids) | eos)
 
     def _stop_reason(self, req: Request, cancel: threading.Event, deadline: float | None) -> Finish | None:
         """(finish reason, message) once Stop was pressed or the deadline passed, else None."""
@@ -271,41 +285,42 @@ class Engine:
         """The prefill, then one `_step` per block until the output ends or `stopped()` says why to stop.
         Yields the events; returns (finish reason, message).
 
-        Copied blocks and drafted blocks have a block-size controller each: their acceptance differs too much
-        (a copy is often right for many tokens, or wrong at once) for one estimate to serve both."""
-        # A copied block holds at least the anchor and one copied token (a block of one proposes nothing).
-        copy_sizes = (max(sizes[0], 2), max(sizes[1], 2), sizes[2])
-        controllers = {ev.DRAFT: make_controller(run.req.adaptive, *sizes)}
-        if sizes[2] >= 2:
-            controllers[ev.COPY] = make_controller(run.req.adaptive, *copy_sizes)
+        Each proposer of the chain has its own block-size controller: their acceptance differs too much (a copy is
+        often right for many tokens, or wrong at once) for one estimate to serve both. A proposer whose smallest
+        block exceeds the largest allowed leaves the chain. Without proposers, blocks of one."""
+        keep = [i for i, p in enumerate(run.chain) if p.min_block <= sizes[2]]
+        run.chain, run.states = [run.chain[i] for i in keep], [run.states[i] for i in keep]
+        controllers = {p.name: make_controller(run.req.adaptive, *(max(s, p.min_block) for s in sizes[:2]), sizes[2])
+                       for p in run.chain} or {ev.DRAFT: make_controller(run.req.adaptive, *sizes)}
         finish = yield from self._start(run, prompt_ids, stopped)
         if finish:
             return finish
-        chosen = {source: c.first() for source, c in controllers.items()}  # source → (size, reason)
+        chosen = {name: c.first() for name, c in controllers.items()}  # proposer → (size, reason)
         block = 0
         while True:
             finish = stopped()
             if finish:
                 return finish
             block += 1
-            copy = run.copy_span(sizes[2] - 1) if ev.COPY in controllers else None  # None, or the longest span to copy
-            step = yield from self._step(run, block, *chosen[ev.DRAFT if copy is None else ev.COPY], copy)
+            step = yield from self._step(run, block, chosen)
             if step.finish:
                 return step.finish, ""
-            chosen[step.source] = controllers[step.source].update(step.outcome)
+            c = controllers.get(step.source)
+            if c is not None and step.outcome.block_size >= c.min_size:  # not a block its whole chain declined
+                chosen[step.source] = c.update(step.outcome)
 
     def _start(self, run: Run, prompt_ids: list[int], stopped: Stopped) -> Generator[ev.Event, None, Finish | None]:
         """Prefill the prompt and commit the target's first token. Yields Prefill and Commit; returns (finish
         reason, message) when stopped during the prefill or when the output already ended, else None."""
         t0 = time.perf_counter()
-        logits, feats, why = self._prefill(prompt_ids, run.cache, run.drafter is not None, stopped)
+        logits, feats, why = self._prefill(prompt_ids, run.cache, run.captures, stopped)
         if why:
             return why
         first = run.rule.pick(logits[-1:], [len(prompt_ids)])[0]
         yield ev.Prefill(n_prompt_tokens=len(prompt_ids), ms=(time.perf_counter() - t0) * 1000)
         commit, why = self._commit(run, 0, [first], [ev.BONUS], [-1.0], [first], logits[-1:], len(prompt_ids))
         yield commit
-        run.pending, run.pending_pos = feats, 0  # the prompt's features become the draft's first context
+        run.feed(feats, 0)  # the prompt's features become the proposers' first context
         return (why, "") if why else None
 
     def _prefill(self, prompt_ids: list[int], cache, capture: bool, stopped: Stopped):
@@ -326,29 +341,24 @@ class Engine:
                 feats.append(f)
         return logits, (torch.cat(feats, 1) if feats else None), None
 
-    def _step(self, run: Run, block: int, size: int, reason: str,
-              copy: list[int] | None) -> Generator[ev.Event, None, StepResult]:
-        """One block: draft (or copy `copy`), verify with one target forward over [anchor, drafts], accept, crop the
+    def _step(self, run: Run, block: int, chosen: dict[str, tuple[int, str]]) -> Generator[ev.Event, None, StepResult]:
+        """One block: propose (`_propose`), verify with one target forward over [anchor, proposals], accept, crop the
         target cache. Yields BlockSize, DraftStep × (at most S), Verify, Commit; returns the StepResult."""
-        req = run.req
         start = len(run.seq) - 1  # absolute position of the anchor (last committed token, not yet in the cache)
-        b = min(size, req.max_new_tokens - len(run.out) + 1) if run.drafter else 1
-        copy = copy if b > 1 else None  # a block of one token proposes nothing
-        source = ev.DRAFT if copy is None else ev.COPY
-        reason = reason if copy is None else f"copy from the context ({req.lookup_ngram}-gram seen before); {reason}"
-        yield ev.BlockSize(block=block, size=b, reason=reason if b == size else f"{reason}; clipped to {b} (tokens left)",
-                           source=source)
-        proposal = yield from self._draft(run, block, start, b, copy)
+        source, b, reason, proposal = self._propose(run, chosen)
+        yield ev.BlockSize(block=block, size=b, reason=reason, source=source)
+        for s in proposal.steps if proposal else []:
+            yield ev.DraftStep(block=block, token_texts=self.token_texts(s["tokens"]), **s)
         drafted = proposal.tokens if proposal else []
         t0 = time.perf_counter()
         block_ids = torch.tensor([[run.seq[-1]] + drafted], device=self.target.device)
-        logits, feats = self.target.forward(block_ids, run.cache, capture=run.drafter is not None)  # [b, V], [1, b, k*H]
+        logits, feats = self.target.forward(block_ids, run.cache, capture=run.captures)  # [b, V], [1, b, k*H]
         res = run.rule.verify(drafted, proposal, logits, list(range(start + 1, start + b + 1)))
         verify_ms = (time.perf_counter() - t0) * 1000
         a = res.accepted_len
-        # Keep the target cache and the pending features for the anchor + accepted drafts only.
+        # Keep the target cache and the proposers' features for the anchor + accepted drafts only.
         Target.crop(run.cache, start + a + 1)
-        run.keep_features(feats, a, start)
+        run.feed(feats[:, : a + 1] if feats is not None else None, start)
         draft_ms = proposal.ms if proposal else 0.0
         yield ev.Verify(block=block, start=start, block_size=b, draft_tokens=drafted,
                         draft_texts=self.token_texts(drafted), target_tokens=res.target_tokens,
@@ -362,22 +372,24 @@ class Engine:
         yield commit
         return StepResult(commit.token_ids, BlockOutcome(b, a, draft_ms, verify_ms), why, source)
 
-    def _draft(self, run: Run, block: int, start: int, b: int,
-               copy: list[int] | None) -> Generator[ev.Event, None, Proposal | None]:
-        """The proposal for block positions 1 .. b-1 (None for a block of size 1): `copy`'s first b-1 tokens, else
-        the drafter's. Yields its DraftSteps."""
-        if run.drafter is None or b < 2:
-            return None
-        req, tg = run.req, self.target
-        if copy is not None:  # the draft model is not run; its context catches up before it next drafts
-            proposal = copy_proposal(run.seq[-1], start, copy[: b - 1], tg.vocab_size, run.rule.draft_sampling, tg.device)
-        else:
-            run.flush_context()
-            proposal = run.drafter.propose(run.dcache, run.seq[-1], start, b, req.diffusion_steps,
-                                           req.confidence_threshold, run.rule.draft_sampling)
-        for s in proposal.steps:
-            yield ev.DraftStep(block=block, token_texts=self.token_texts(s["tokens"]), **s)
-        return proposal
+    def _propose(self, run: Run, chosen: dict[str, tuple[int, str]]) -> tuple[str, int, str, Proposal | None]:
+        """Ask the chain in order, each proposer at its controller's size clipped to the tokens left; the first
+        proposal wins. Returns (its proposer's name, block size, the BlockSize reason, the proposal: None for a block
+        of one). Without proposers, or when all decline, the block is one target step."""
+        req = run.req
+        left = req.max_new_tokens - len(run.out) + 1
+        for p, state in zip(run.chain, run.states):
+            size, reason = chosen[p.name]
+            b = min(size, left)
+            reason = reason if b == size else f"{reason}; clipped to {b} (tokens left)"
+            if b < 2:
+                return p.name, 1, reason, None
+            proposal = p.propose(state, run.seq, b, req.diffusion_steps, req.confidence_threshold, run.rule.draft_sampling)
+            if proposal is not None:
+                return p.name, b, f"{proposal.note}; {reason}" if proposal.note else reason, proposal
+        if not run.chain:
+            return ev.DRAFT, 1, chosen[ev.DRAFT][1], None
+        return run.chain[-1].name, 1, "no proposer proposed: one target step", None
 
     def _commit(self, run: Run, block: int, new: list[int], kinds: list[str], confs: list[float],
                 targets: list[int], logits: torch.Tensor, pos: int) -> tuple[ev.Commit, str | None]:

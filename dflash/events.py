@@ -24,7 +24,8 @@ COPY = "copy"  # a token copied from the context (Request.lookup_ngram) that the
 CORRECTION = "correction"  # the target's own token at the first rejected position
 BONUS = "bonus"  # the target's extra token after a fully accepted block (or the prefill's first token)
 TOKEN_KINDS = (DRAFT, COPY, CORRECTION, BONUS)
-# Who proposed a block: COPY when it copies from the context, DRAFT otherwise (the draft model, or nothing: size 1).
+# Who proposed a block: the `name` of its proposer (dflash.proposer). The shipped ones: DRAFT (the draft model, also a
+# block of one that proposed nothing) and COPY (copying from the context).
 BLOCK_SOURCES = (DRAFT, COPY)
 
 FINISH_REASONS = ("eos", "length", "stop", "cancelled", "timeout", "error")

@@ -1,9 +1,9 @@
 """Copying from the context (prompt lookup): where the last n committed tokens occurred earlier, in the prompt or the
 output, the tokens that followed them there are a proposal for the next ones.
 
-The engine copies first when a request asks (`Request.lookup_ngram` = n > 0): a block whose anchor ends an n-gram
-seen before proposes the copied span and the draft model is not run; the other blocks are drafted as usual. The
-target verifies both alike, so the output stays the target's own.
+`CopyProposer` is the first proposer of a request's chain when it asks (`Request.lookup_ngram` = n > 0): a block
+whose anchor ends an n-gram seen before proposes the copied span and the draft model is not run; it hands the other
+blocks to the draft. The target verifies both alike, so the output stays the target's own.
 
 Why a DFlash draft gains from it: the target repeats itself (names, code, lists, its own phrases), and a one-layer
 DFlash draft cannot copy — a masked block position's attention query comes from the MASK embedding and its position
@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from dflash.drafter import Proposal
+from dflash.events import COPY
+from dflash.proposer import Proposal
 from dflash.request import MAX_NGRAM
 
 
@@ -66,3 +67,31 @@ def copy_proposal(anchor: int, start: int, span: list[int], vocab_size: int, sam
         q = torch.zeros(len(span), vocab_size, device=device)  # [n, V]
         q[torch.arange(len(span), device=device), torch.tensor(span, device=device)] = 1.0
     return Proposal(list(span), [1.0] * len(span), q, [step], 0.0)
+
+
+class CopyProposer:
+    """Copying from the context as a `dflash.proposer.Proposer`: its per-request state is an `NgramIndex`; it reads
+    no target features. `vocab_size` and `device` shape the point-mass law of the rejection rule."""
+
+    name = COPY
+    layers: tuple[int, ...] = ()
+    min_block = 2  # a block of one copies nothing, and the copy's controller would never learn again
+
+    def __init__(self, n: int, vocab_size: int, device: torch.device):
+        self.n, self.vocab_size, self.device = n, vocab_size, device
+
+    def new_state(self) -> NgramIndex:
+        return NgramIndex(self.n)
+
+    def extend_context(self, state: NgramIndex, features: torch.Tensor, start_pos: int) -> None:
+        pass  # copying reads only the committed ids
+
+    def propose(self, state: NgramIndex, seq: list[int], size: int, n_steps: int, threshold: float,
+                sample: dict | None) -> Proposal | None:
+        """The size-1 tokens that followed the last earlier occurrence of seq's last n tokens; None without one."""
+        j = state.find(seq)
+        if j is None:
+            return None
+        proposal = copy_proposal(seq[-1], len(seq) - 1, copied_span(seq, j, size - 1), self.vocab_size, sample, self.device)
+        proposal.note = f"copy from the context ({self.n}-gram seen before)"
+        return proposal

@@ -17,7 +17,7 @@ from dflash import events as ev
 
 
 # Statistics added after traces were first recorded: an older trace's Finished.stats lacks them (ui/trace_schema.py).
-LATER_STATS = ("copy_blocks", "copy_tau")
+LATER_STATS = ("copy_blocks", "copy_tau", "proposers")
 
 
 def compute_stats(events: Iterable[ev.Event]) -> dict[str, Any]:
@@ -47,7 +47,7 @@ class RunningStats:
         self.proposed: list[int] = []  # [k-1]: verify steps that drafted position k
         self.accepted: list[int] = []  # [k-1]: … and accepted it
         self.draft_ms = self.verify_ms = 0
-        self.copy_n = self.copy_sum = 0  # verify steps of copied blocks (Request.lookup_ngram), their lengths' sum
+        self.by_source: dict[str, list[int]] = {}  # proposer → [blocks verified, their lengths' sum]
         self.drift = 0
         self.commits = 0
         self.ttft = self.t_end = 0.0
@@ -66,20 +66,21 @@ class RunningStats:
             self.accepted[k - 1] += v.accepted_len >= k
         self.draft_ms += v.draft_ms
         self.verify_ms += v.verify_ms
-        if v.source == ev.COPY:
-            self.copy_n += 1
-            self.copy_sum += n
+        counts = self.by_source.setdefault(v.source, [0, 0])
+        counts[0] += 1
+        counts[1] += n
 
     def mark(self, counts: bool) -> tuple:
         """What `restore` needs to take back the next verify (`counts`: with the histogram and per-position counts,
         at most MAX_BLOCK_SIZE entries each) or commit: the scalars and the lengths of the lists that only grow."""
         return (len(self.lengths), self.len_sum, dict(self.hist) if counts else None, list(self.proposed) if counts else None,
                 list(self.accepted) if counts else None, self.draft_ms, self.verify_ms, self.drift, self.commits, self.ttft,
-                self.t_end, self.n_out, self.copy_n, self.copy_sum)
+                self.t_end, self.n_out, {k: list(c) for k, c in self.by_source.items()})
 
     def restore(self, mark: tuple) -> None:
         (n, self.len_sum, hist, proposed, accepted, self.draft_ms, self.verify_ms, self.drift, self.commits, self.ttft,
-         self.t_end, self.n_out, self.copy_n, self.copy_sum) = mark
+         self.t_end, self.n_out, by_source) = mark
+        self.by_source = {k: list(c) for k, c in by_source.items()}  # the mark stays as it was, for another restore
         del self.lengths[n:], self.block_sizes[n:]
         if hist is not None:
             self.hist, self.proposed, self.accepted = hist, proposed, accepted
@@ -93,6 +94,7 @@ class RunningStats:
 
     def result(self, started: ev.Started | None, prefill: ev.Prefill | None) -> dict[str, Any]:
         decode_ms = max(self.t_end - self.ttft, 0.0)
+        copy_n, copy_sum = self.by_source.get(ev.COPY, (0, 0))
         spent = self.draft_ms + self.verify_ms
         return {
             "n_prompt_tokens": prefill.n_prompt_tokens if prefill else 0,
@@ -113,8 +115,9 @@ class RunningStats:
             "draft_share": self.draft_ms / spent if spent > 0 else 0.0,
             "lossy": bool(started.lossy) if started else False,
             "drift_tokens": self.drift,
-            "copy_blocks": self.copy_n,  # blocks copied from the context (Request.lookup_ngram); the rest were drafted
-            "copy_tau": self.copy_sum / self.copy_n if self.copy_n else 0.0,  # τ over the copied blocks alone
+            "proposers": {k: {"blocks": n, "tau": total / n} for k, (n, total) in sorted(self.by_source.items())},
+            "copy_blocks": copy_n,  # blocks copied from the context (Request.lookup_ngram); the rest were drafted
+            "copy_tau": copy_sum / copy_n if copy_n else 0.0,  # τ over the copied blocks alone
         }
 
 

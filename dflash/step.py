@@ -14,8 +14,7 @@ import torch
 
 from dflash import events as ev
 from dflash.adaptive import BlockOutcome
-from dflash.drafter import DraftProposer, Proposal
-from dflash.lookup import NgramIndex, copied_span
+from dflash.proposer import Proposal, Proposer
 from dflash.request import Request
 from dflash.sampling import GUMBEL_TARGET, UNIFORM_ACCEPT, gumbel_noise, uniform_noise
 from dflash.verify import Outcome, top2_gap
@@ -26,7 +25,7 @@ class MatchRule:
     """Accept draft tokens equal to the target's own choice at their position: the argmax, or (temperature > 0)
     the Gumbel-max sample with the noise of (seed, absolute position). acceptance_threshold < 1 relaxes it."""
 
-    draft_sampling: dict | None = None  # `DraftProposer.propose(sample=...)`: None asks for argmax proposals
+    draft_sampling: dict | None = None  # `Proposer.propose(sample=...)`: None asks for argmax proposals
 
     def __init__(self, req: Request, device: torch.device):
         self.req, self.device = req, device
@@ -130,31 +129,36 @@ class TextStream:
 class Run:
     """One request between steps.
 
-    The target cache holds every committed token but the newest (the next block's anchor); the drafter's context
-    cache holds the target features of positions 0 .. pending_pos-1, and `pending` [1, T, k*H] those of
-    positions pending_pos .. pending_pos+T-1, handed to the drafter just before it next drafts.
+    The target cache holds every committed token but the newest (the next block's anchor). `chain` is the request's
+    proposers in the order they are asked (empty: blocks of size 1, the autoregressive baseline), `states` their
+    per-request states; those that read target features get each committed position's once (`feed`).
     """
 
     req: Request
     rule: MatchRule
-    drafter: DraftProposer | None  # None: blocks of size 1 (the autoregressive baseline)
+    chain: list[Proposer]
+    states: list[Any]
     cache: Any  # the target's KV cache
-    dcache: Any  # the drafter's context cache (None without a drafter)
     text: TextStream
     t_start: float  # the engine clock when the request started
     out: list[int]  # the output so far
     seq: list[int]  # prompt + output
     eos: set[int]
     stops: set[int]  # eos + the request's stop ids
-    pending: torch.Tensor | None = None
-    pending_pos: int = 0
-    lookup: NgramIndex | None = None  # copying from the context first (Request.lookup_ngram), draft runs only
 
-    def copy_span(self, length: int) -> list[int] | None:
-        """The `length` tokens that followed the most recent earlier occurrence of the last n committed tokens, or
-        None (no match, or no lookup for this request)."""
-        j = self.lookup.find(self.seq) if self.lookup is not None else None
-        return None if j is None else copied_span(self.seq, j, length)
+    @property
+    def captures(self) -> bool:
+        """Some proposer reads the target's features: the target forwards capture them."""
+        return any(p.layers for p in self.chain)
+
+    def feed(self, feats: torch.Tensor | None, start: int) -> None:
+        """Hand the features [1, T, k*H] of positions start .. start+T-1 (all committed) to the proposers that read
+        them."""
+        if feats is None:
+            return
+        for p, state in zip(self.chain, self.states):
+            if p.layers:
+                p.extend_context(state, feats, start)
 
     def take(self, new: list[int]) -> tuple[list[int], str | None]:
         """Append `new` up to its first stop id or max_new_tokens. Returns (tokens kept, finish reason or None)."""
@@ -171,21 +175,6 @@ class Run:
         self.seq.extend(keep)
         return keep, why
 
-    def flush_context(self) -> None:
-        """Give the drafter the pending target features (before it drafts)."""
-        if self.pending is not None:
-            self.drafter.extend_context(self.dcache, self.pending, self.pending_pos)
-            self.pending = None
-
-    def keep_features(self, feats: torch.Tensor | None, accepted: int, start: int) -> None:
-        """Queue the features [1, b, k*H] of a verified block's anchor (at `start`) and its accepted drafts."""
-        if feats is None:
-            return
-        if self.pending is None:
-            self.pending, self.pending_pos = feats[:, : accepted + 1], start
-        else:  # a block of size 1 or a copied block drafted nothing, so earlier features are still pending: keep them
-            self.pending = torch.cat([self.pending, feats[:, : accepted + 1]], 1)
-
 
 @dataclass(frozen=True)
 class StepResult:
@@ -194,4 +183,4 @@ class StepResult:
     committed: list[int]  # tokens appended to the output (after stop / length truncation)
     outcome: BlockOutcome  # block size, accepted drafts, draft and verify ms (the block-size controller's input)
     finish: str | None  # "eos", "stop" or "length" when the output ended with this block, else None
-    source: str = ev.DRAFT  # who proposed the block (its controller learns from the outcome)
+    source: str = ev.DRAFT  # the proposer whose block it was (its controller learns from the outcome)

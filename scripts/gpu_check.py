@@ -177,7 +177,8 @@ def check_oracle(args, device: str) -> dict:
     """The multi-token accept path and the cache crops, which a random or weak draft never reaches: the draft's
     proposals are scripted to be the target's own output (greedy, and sampled with the same seed), so every block
     must be accepted whole and the output must equal the target-only run, with the kernels and the reference."""
-    from dflash.drafter import OracleDrafter
+    sys.path.insert(0, str(ROOT))  # the oracle is a test proposer (tests/proposers.py)
+    from tests.proposers import OracleDrafter
     from dflash.events import Verify
 
     engine, desc = build_engine(args, device, "float32")

@@ -3,7 +3,7 @@
 A `Target` subclass re-checks every cached forward against a fresh no-cache forward over the sequence the
 cache is supposed to hold, and a `Drafter` subclass re-checks the draft's context K/V against features
 recomputed from scratch (transformers' hidden_states[j + 1]). Both pass through to the real code. A drafter
-written against `DraftProposer` alone checks what the engine feeds any drafter's context cache.
+written against the `Proposer` protocol alone checks what the engine feeds any proposer's context.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import torch
 import dflash.engine as engine_mod
 from conftest import tiny_draft, tiny_target
 from dflash.draft import extract_context_feature
-from dflash.drafter import Drafter, DraftProposer, Proposal
+from dflash.drafter import Drafter
 from dflash.engine import Engine
-from dflash.events import Commit, Verify
+from dflash.events import DRAFT, Commit, Verify
+from dflash.proposer import Proposal, Proposer
 from dflash.request import Request
 from dflash.target import Target
 from engine_helpers import RandomController, reference_greedy, reference_sample
@@ -63,7 +64,8 @@ class CheckedDrafter(Drafter):
         self.target = target
         self.checked = 0
 
-    def propose(self, cache, anchor, start, size, n_steps, threshold, sample):
+    def propose(self, state, seq, size, n_steps, threshold, sample):
+        start, cache = len(seq) - 1, self.flush(state)
         assert len(cache) == start, f"draft cache holds {len(cache)} positions, expected {start}"
         assert Target.cache_len(self.target.last_cache) == start  # the target cache was cropped to match
         seq = self.target.seq[:start]  # committed tokens before the anchor (the anchor is not cached yet)
@@ -75,7 +77,7 @@ class CheckedDrafter(Drafter):
             torch.testing.assert_close(k, ek, atol=1e-3, rtol=1e-3)
             torch.testing.assert_close(v, ev, atol=1e-3, rtol=1e-3)
         self.checked += 1
-        return super().propose(cache, anchor, start, size, n_steps, threshold, sample)
+        return super().propose(state, seq, size, n_steps, threshold, sample)
 
 
 @pytest.fixture(scope="module")
@@ -161,21 +163,24 @@ def test_no_state_leaks_between_requests():
 
 
 class PositionsDrafter:
-    """A drafter written against `DraftProposer` alone (no `Drafter` base, no draft model): its context cache
-    is the list of absolute positions whose target features it was given, and it proposes `full[t]` at t."""
+    """A drafter written against the `Proposer` protocol alone (no `Drafter` base, no draft model): its state is the
+    list of absolute positions whose target features it was given, and it proposes `full[t]` at t."""
 
-    def __init__(self, full: list[int], feature_width: int):
-        self.full, self.width = full, feature_width
+    name, min_block = DRAFT, 1
+
+    def __init__(self, full: list[int], feature_width: int, layers: tuple[int, ...] = ()):
+        self.full, self.width, self.layers = full, feature_width, layers
         self.seen: list[tuple[list[int], int]] = []  # (cache, start) at each proposal
 
-    def new_cache(self) -> list[int]:
+    def new_state(self) -> list[int]:
         return []
 
     def extend_context(self, cache: list[int], features: torch.Tensor, start_pos: int) -> None:
         assert features.shape[0] == 1 and features.shape[2] == self.width  # [1, T, k*H]
         cache.extend(range(start_pos, start_pos + features.shape[1]))
 
-    def propose(self, cache, anchor, start, size, n_steps, threshold, sample) -> Proposal:
+    def propose(self, cache, seq, size, n_steps, threshold, sample) -> Proposal:
+        start = len(seq) - 1
         self.seen.append((list(cache), start))
         tokens = [self.full[t] for t in range(start + 1, start + size)]
         return Proposal(tokens, [1.0] * len(tokens), None, [], 0.0)
@@ -187,8 +192,9 @@ def test_a_drafter_plugs_in_through_the_engine():
     draft = tiny_draft(target, block_size=6)
     prompt = [3, 1, 4, 1, 5]
     ref = reference_greedy(target, prompt, 24)
-    drafter = PositionsDrafter(prompt + ref + [0] * 8, len(draft.config.target_layer_ids) * target.hidden_size)
-    assert isinstance(drafter, DraftProposer)
+    drafter = PositionsDrafter(prompt + ref + [0] * 8, len(draft.config.target_layer_ids) * target.hidden_size,
+                               tuple(draft.config.target_layer_ids))
+    assert isinstance(drafter, Proposer)
     engine = Engine(target, draft, drafter=drafter)
     assert engine.drafter is drafter
     res = engine.generate(Request(prompt_ids=tuple(prompt), max_new_tokens=24))

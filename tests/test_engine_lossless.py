@@ -364,6 +364,8 @@ def test_copying_from_the_context_is_lossless_and_copies_exactly_where_the_ngram
             kinds = commits[v.block].kinds
             assert kinds[: v.accepted_len] == [v.source] * min(v.accepted_len, len(kinds))
         assert res.stats["copy_blocks"] == copied, drafter
+        per = {name: [v.accepted_len + 1 for v in verifies(res.events) if v.source == name] for name in (COPY, DRAFT)}
+        assert res.stats["proposers"] == {k: {"blocks": len(v), "tau": sum(v) / len(v)} for k, v in per.items() if v}
         total += copied
     assert total > 0  # (an oracle's blocks are all accepted, so its anchors may skip every recurring n-gram)
 

@@ -141,11 +141,13 @@ def test_copying_from_the_context_is_identical_on_real_prompts():
     from dflash.datasets import load_prompts
 
     engine = _shipped_engine(torch.float32, "transposed")
-    copied = 0
+    copied = drafted = 0
     for prompt in ("Repeat this sentence three times: the quick brown fox jumps over the lazy dog.",
                    *load_prompts("mt-bench", 2)):
         base = engine.generate(Request(prompt=prompt, max_new_tokens=48, use_draft=False))
         res = engine.generate(Request(prompt=prompt, max_new_tokens=48, lookup_ngram=2))
         assert res.output_ids == base.output_ids, prompt
         copied += res.stats["copy_blocks"]
-    assert copied > 0
+        drafted += res.stats["proposers"].get("draft", {}).get("blocks", 0)
+        assert sum(p["blocks"] for p in res.stats["proposers"].values()) == res.stats["n_verify"]
+    assert copied > 0 and drafted > 0  # a chain of two proposers, each with its own statistics
