@@ -11,15 +11,14 @@ from dflash.errors import ValidationError
 
 
 def _assets_dir() -> Path:
-    """The shipped draft, traces and CSS: `assets/` of a checkout, or the `dflash_assets` package that
+    """The shipped draft, traces and CSS: `assets/` of a checkout, or the data-only package `dflash.assets` that
     pyproject.toml installs from that folder (an installed wheel has no checkout beside it)."""
-    checkout = Path(__file__).resolve().parent.parent / "assets"
-    if checkout.is_dir():
-        return checkout
     import importlib.util
 
-    spec = importlib.util.find_spec("dflash_assets")
-    return Path(next(iter(spec.submodule_search_locations))) if spec and spec.submodule_search_locations else checkout
+    spec = importlib.util.find_spec("dflash.assets")  # None in a checkout: there is no dflash/assets/ folder
+    if spec and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    return Path(__file__).resolve().parent.parent / "assets"
 
 
 ASSETS = _assets_dir()

@@ -77,7 +77,7 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
     top-k keeps every value >= the k-th largest; top-p then keeps a token iff the mass of the tokens strictly more
     likely than it is below top_p (always at least one). Tokens with equal logits are kept or dropped together, so
     the order a sort puts them in never matters (bfloat16 logits tie often) and the Triton kernels
-    (kernels/_triton_common.py) implement the same rule without sorting.
+    (dflash/kernels/_triton_common.py) implement the same rule without sorting.
     """
     out = logits
     vocab = logits.shape[-1]

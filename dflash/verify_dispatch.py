@@ -3,8 +3,8 @@ the reference elsewhere.
 
 `match_verify` and `speculative_verify` return `dflash.verify.Outcome`, whichever backend ran. The reference is
 `dflash.verify` itself (the specification of the kernels), so on CPU the engine's behaviour is bit-identical to
-calling `dflash.verify` directly. The kernels live in the top-level `kernels` package, which imports nothing from
-`dflash`: imports run engine → `dflash.step` → this module → `dflash.verify` / `kernels`.
+calling `dflash.verify` directly. The kernels live in `dflash.kernels`, which imports no other `dflash` module:
+imports run engine → `dflash.step` → this module → `dflash.verify` / `dflash.kernels`.
 
 Backend choice, per call, from the device of the target logits:
 - `DFLASH_KERNELS=auto` (default): on CUDA tensors, when `triton` imports, the faster of the two on this machine:
@@ -128,7 +128,7 @@ def match_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor, temper
 
 def _match_triton(draft_tokens: torch.Tensor, target_logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
                   gumbel: torch.Tensor | None, acceptance_threshold: float) -> Outcome:
-    from kernels.greedy_verify_triton import match_verify_batched
+    from dflash.kernels.greedy_verify_triton import match_verify_batched
 
     d = draft_tokens.to(target_logits.device)
     check_draft_ids(d, target_logits.shape[-1])
@@ -159,7 +159,7 @@ def speculative_verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, ta
 def _speculative_triton(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_logits: torch.Tensor,
                         temperature: float, top_k: int, top_p: float, uniforms: list[float] | torch.Tensor,
                         gumbel: torch.Tensor) -> Outcome:
-    from kernels.spec_sample_triton import speculative_verify_batched
+    from dflash.kernels.spec_sample_triton import speculative_verify_batched
 
     dev = target_logits.device
     d = draft_tokens.to(dev)

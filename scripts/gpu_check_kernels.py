@@ -54,7 +54,7 @@ def match_cases(tally: Tally, gen, device: str, vocab: int, n: int, dtype, bsz: 
     import torch
 
     from dflash import verify as reference
-    from kernels.greedy_verify_triton import match_verify_batched
+    from dflash.kernels.greedy_verify_triton import match_verify_batched
 
     for t, k, p, a in settings:
         logits = (torch.randn(bsz, n + 1, vocab, generator=gen) * 3).to(dtype)
@@ -73,7 +73,7 @@ def spec_cases(tally: Tally, gen, device: str, vocab: int, n: int, dtype, bsz: i
 
     from dflash import verify as reference
     from dflash.sampling import target_probs
-    from kernels.spec_sample_triton import speculative_verify_batched
+    from dflash.kernels.spec_sample_triton import speculative_verify_batched
 
     for t, k, p in settings:
         logits = (torch.randn(bsz, n + 1, vocab, generator=gen) * 2).to(dtype)

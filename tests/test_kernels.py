@@ -1,6 +1,6 @@
 """Kernels: the PyTorch reference is the specification; every Triton kernel must give the same tokens.
 
-- The `kernels` package imports nothing from `dflash` (checked in a fresh interpreter).
+- `dflash.kernels` imports no other `dflash` module (checked in a fresh interpreter).
 - The reference is `dflash.verify` (its batched forms checked against it) and matches naive formulas.
 - On CPU the Triton kernels run under Triton's interpreter (`TRITON_INTERPRET=1`, set below before any kernel
   module is imported; only this module imports them), on small shapes: non-power-of-two vocabularies, several
@@ -89,16 +89,17 @@ def assert_same(expected, got) -> None:
 
 
 # -- imports run one way ------------------------------------------------------------------------------------------
-def test_kernels_package_imports_nothing_from_dflash():
-    """`import kernels` and each of its modules, in a fresh interpreter, leave no `dflash` module in sys.modules
-    (imports run engine → verification → kernels; the kernels never import the engine's package back)."""
+def test_kernels_package_imports_no_other_dflash_module():
+    """`import dflash.kernels` and each of its modules, in a fresh interpreter, load no `dflash` module but the
+    package's own (imports run engine → verification → kernels; the kernels never import the engine back)."""
     code = textwrap.dedent("""
         import importlib, pkgutil, sys
-        import kernels
-        names = ["kernels"] + ["kernels." + m.name for m in pkgutil.iter_modules(kernels.__path__)]
+        import dflash.kernels as kernels
+        names = ["dflash.kernels"] + ["dflash.kernels." + m.name for m in pkgutil.iter_modules(kernels.__path__)]
         for name in names:
             importlib.import_module(name)
-            leaked = sorted(m for m in sys.modules if m.split(".")[0] == "dflash")
+            leaked = sorted(m for m in sys.modules if m.split(".")[0] == "dflash"
+                            and m != "dflash" and not m.startswith("dflash.kernels"))
             if leaked:
                 raise SystemExit(f"importing {name} imported {leaked}")
         print(kernels.__file__, len(names))
@@ -107,8 +108,8 @@ def test_kernels_package_imports_nothing_from_dflash():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     path, count = proc.stdout.split()
-    assert Path(path).parent == ROOT / "kernels"  # this repository's package, not Hugging Face's `kernels`
-    assert int(count) == len(list((ROOT / "kernels").glob("*.py")))  # the package and every module in it
+    assert Path(path).parent == ROOT / "dflash" / "kernels"
+    assert int(count) == len(list((ROOT / "dflash" / "kernels").glob("*.py")))  # the package and every module in it
 
 
 # -- the reference ---------------------------------------------------------------------------------------------
@@ -190,7 +191,7 @@ def test_reference_matches_naive_formulas():
 @pytest.mark.parametrize("vocab,block_v", [(100, 128), (257, 64), (1000, 256)])
 @pytest.mark.parametrize("n", [0, 3, 15])
 def test_greedy_kernel_interpreted(vocab, block_v, n):
-    from kernels.greedy_verify_triton import match_verify_batched
+    from dflash.kernels.greedy_verify_triton import match_verify_batched
 
     for bsz in (1, 2):
         draft, logits, _ = match_case(bsz, n, vocab, 0.0, seed=vocab + n + bsz)
@@ -201,7 +202,7 @@ def test_greedy_kernel_interpreted(vocab, block_v, n):
 @interpreted
 @pytest.mark.parametrize("setting", MATCH_SETTINGS[1:], ids=lambda s: "T{}-k{}-p{}-a{}".format(*s))
 def test_match_kernel_sampling_and_filters_interpreted(setting):
-    from kernels.greedy_verify_triton import match_verify_batched
+    from dflash.kernels.greedy_verify_triton import match_verify_batched
 
     t, k, p, a = setting
     # Filters cost 8 radix passes per row under the interpreter: block 16 only for the fullest setting.
@@ -214,7 +215,7 @@ def test_match_kernel_sampling_and_filters_interpreted(setting):
 
 @interpreted
 def test_match_kernel_ties_and_bf16_interpreted():
-    from kernels.greedy_verify_triton import match_verify_batched
+    from dflash.kernels.greedy_verify_triton import match_verify_batched
 
     # Integer logits: many exact ties, across tiles; the first index must win, as torch.argmax.
     gen = torch.Generator().manual_seed(5)
@@ -240,7 +241,7 @@ def test_match_kernel_ties_and_bf16_interpreted():
 @pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # NumPy's log(0) = -inf, as intended
 @pytest.mark.parametrize("setting", SPEC_SETTINGS, ids=lambda s: "T{}-k{}-p{}".format(*s))
 def test_spec_sample_kernel_interpreted(setting):
-    from kernels.spec_sample_triton import speculative_verify_batched
+    from dflash.kernels.spec_sample_triton import speculative_verify_batched
 
     t, k, p = setting
     for bsz, n, vocab in ((2, 3, 100), (1, 1, 37)) + (((2, 15, 61),) if k == 0 and p == 1.0 else ()):
@@ -270,8 +271,8 @@ def test_dispatch_wrappers_return_reference_outcomes(monkeypatch):
 @pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
 def test_engine_with_interpreted_kernels_emits_the_same_tokens(monkeypatch):
     """The engine's verification through the Triton kernels == through the reference (greedy, match, rejection)."""
-    import kernels.greedy_verify_triton as gvt
-    import kernels.spec_sample_triton as sst
+    import dflash.kernels.greedy_verify_triton as gvt
+    import dflash.kernels.spec_sample_triton as sst
 
     launches = []
     for module, name in ((gvt, "match_verify_batched"), (sst, "speculative_verify_batched")):
@@ -322,11 +323,11 @@ def test_measured_choice_times_both_once_and_keeps_the_faster(monkeypatch):
 
 def test_kernels_compile_for_hopper():
     """Compile the kernels to cubins for sm_90 (no GPU needed): catches compiled-mode type errors.
-    `scripts/gpu_check.sh` and `python -m kernels.compile_check` compile every variant."""
+    `scripts/gpu_check.sh` and `python -m dflash.kernels.compile_check` compile every variant."""
     if not HAS_TRITON:
         pytest.skip("triton not installed")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "kernels.compile_check", "--quick"], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "dflash.kernels.compile_check", "--quick"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert proc.stdout.count("compiled") == 4, proc.stdout
@@ -410,7 +411,7 @@ def test_reference_dispatch_keeps_tensors_on_the_logits_device(monkeypatch):
 def test_reference_on_cuda_equals_triton_gpu(monkeypatch):
     """The reference run on the CUDA tensors themselves (DFLASH_KERNELS=reference on a GPU machine) keeps its
     results on the device and gives the kernels' tokens; through the dispatch too, an empty draft included."""
-    from kernels.greedy_verify_triton import match_verify_batched
+    from dflash.kernels.greedy_verify_triton import match_verify_batched
 
     for seed, (t, k, p, a) in enumerate(MATCH_SETTINGS):
         draft, logits, g = match_case(2, 6, 1000, t, seed=seed)
@@ -440,8 +441,8 @@ def test_reference_on_cuda_equals_triton_gpu(monkeypatch):
 @pytest.mark.parametrize("vocab", [257, 1000, 32000, 49152])
 @pytest.mark.parametrize("n", [0, 3, 15])
 def test_kernel_parity_gpu(dtype, vocab, n):
-    from kernels.greedy_verify_triton import match_verify_batched
-    from kernels.spec_sample_triton import speculative_verify_batched
+    from dflash.kernels.greedy_verify_triton import match_verify_batched
+    from dflash.kernels.spec_sample_triton import speculative_verify_batched
 
     for seed, (t, k, p, a) in enumerate(MATCH_SETTINGS):
         draft, logits, g = match_case(3, n, vocab, t, seed=seed, dtype=dtype)

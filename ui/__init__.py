@@ -12,7 +12,7 @@ __all__ = ["build_demo", "launch_kwargs"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from ui import layout
+        from . import layout
 
         return getattr(layout, name)
-    raise AttributeError(f"module 'ui' has no attribute {name!r}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,7 +9,7 @@ from typing import Any
 
 from dflash.errors import ValidationError
 from dflash.request import MAX_SEED
-from ui import text
+from . import text
 
 # The Request field each control sets (make_request); the controls whose values are whole numbers.
 FIELDS = {"prompt": "prompt", "block_size": "block_size", "steps": "diffusion_steps", "confidence": "confidence_threshold",

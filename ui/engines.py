@@ -35,8 +35,8 @@ from dflash.engine import Engine
 from dflash.errors import BusyError, ModelLoadError, ValidationError
 from dflash.registry import PRESETS, draft_block_size, get_preset
 from dflash.request import Request
-from ui import torch_thread
-from ui.text import NO_DRAFT_NOTICE, draft_folder, draft_notice, local_draft_notice
+from . import torch_thread
+from .text import NO_DRAFT_NOTICE, draft_folder, draft_notice, local_draft_notice
 
 log = logging.getLogger("dflash.ui")
 

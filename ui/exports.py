@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ui import render
-from ui.replay import Trace, dumps_trace, history_csv, metrics_csv
+from . import render
+from .replay import Trace, dumps_trace, history_csv, metrics_csv
 
 HISTORY_COLUMNS = ["run", "source", "preset", "draft", "block", "steps", "conf thr", "accept thr", "adaptive", "lookup",
                    "temperature", "top_p", "max new", "seed", "tokens", "τ", "tok/s", "TTFT ms", "draft share",

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dflash.engine import Engine
 from dflash.request import Request
 from dflash.zerogpu import duration_for, gpu_decorator
-from ui.engines import EngineProvider
+from .engines import EngineProvider
 
 _PROVIDERS: weakref.WeakValueDictionary[int, EngineProvider] = weakref.WeakValueDictionary()
 _numbers = itertools.count()

@@ -27,16 +27,16 @@ from dflash.engine import Engine
 from dflash.errors import DFlashError, ValidationError
 from dflash.request import DEFAULT_MIN_BLOCK, DEFAULTS, Request
 from dflash.zerogpu import zero_gpu
-from ui import gpu, plots, render, torch_thread
-from ui.controls import CHECKBOXES, FIELDS, WHOLE, in_step_mode, shown_rejected, whole
-from ui.engines import EngineProvider, wait_until_free
-from ui.exports import history_row, history_table, next_run_id, with_comparison, with_row, write_exports
-from ui.live import FrameThrottle, RunLook, dtype_of, final_status, hardware, live_status
-from ui.render_inspector import inspector_html
-from ui.render_stats import comparison, compared_status, stats_html
-from ui.replay import Replay, Trace, TraceError, bundled_traces, events_at, frame_label, frames, load_trace_file
-from ui.run_state import RunState, as_state
-from ui.sessions import GENERATION, REPLAY, SessionRuns
+from . import gpu, plots, render, torch_thread
+from .controls import CHECKBOXES, FIELDS, WHOLE, in_step_mode, shown_rejected, whole
+from .engines import EngineProvider, wait_until_free
+from .exports import history_row, history_table, next_run_id, with_comparison, with_row, write_exports
+from .live import FrameThrottle, RunLook, dtype_of, final_status, hardware, live_status
+from .render_inspector import inspector_html
+from .render_stats import comparison, compared_status, stats_html
+from .replay import Replay, Trace, TraceError, bundled_traces, events_at, frame_label, frames, load_trace_file
+from .run_state import RunState, as_state
+from .sessions import GENERATION, REPLAY, SessionRuns
 
 USER_ERRORS = (DFlashError, TraceError)  # messages written for users; shown as they are
 

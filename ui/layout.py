@@ -18,13 +18,13 @@ from dflash.adaptive import POLICIES
 from dflash.engine import Engine
 from dflash.registry import ASSETS
 from dflash.request import MAX_BLOCK_SIZE, MAX_NGRAM, MAX_PROMPT_CHARS, MAX_STEPS
-from ui import text
-from ui.engines import EngineProvider, Loader
-from ui.exports import HISTORY_COLUMNS, history_table
-from ui.handlers import Playground, Settings, defaults, view
-from ui.render import TOKEN_TEMPLATE
-from ui.replay import bundled_traces
-from ui.wiring import OUT_KEYS, acceptance_label, wire
+from . import text
+from .engines import EngineProvider, Loader
+from .exports import HISTORY_COLUMNS, history_table
+from .handlers import Playground, Settings, defaults, view
+from .render import TOKEN_TEMPLATE
+from .replay import bundled_traces
+from .wiring import OUT_KEYS, acceptance_label, wire
 
 __all__ = ["CSS_PATH", "OUT_KEYS", "QUEUE_SIZE", "build_demo", "launch_kwargs"]  # OUT_KEYS: defined in ui/wiring.py
 

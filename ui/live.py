@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from dflash import events as ev
-from ui import render
+from . import render
 
 
 @dataclass

@@ -19,8 +19,8 @@ from typing import Any
 import plotly.graph_objects as go
 
 from dflash import events as ev
-from ui.render import BLUE, GREEN, GREY, ORANGE, VERMILLION, run_stats
-from ui.run_state import RunState, as_state
+from .render import BLUE, GREEN, GREY, ORANGE, VERMILLION, run_stats
+from .run_state import RunState, as_state
 
 X_CHUNK = 20  # the x axis grows in steps of this many blocks
 GRID = "rgba(128,128,128,0.2)"

@@ -16,7 +16,7 @@ from typing import Any
 
 from dflash import events as ev
 from dflash.stats import compute_stats
-from ui.run_state import BlockInfo, RunState, as_state
+from .run_state import BlockInfo, RunState, as_state
 
 # Okabe-Ito colours, also used by ui/plots.py.
 BLUE, VERMILLION, GREEN, ORANGE, GREY = "#0072B2", "#D55E00", "#009E73", "#E69F00", "#6B6B6B"

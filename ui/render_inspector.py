@@ -7,8 +7,8 @@ Cells show the draft's token and confidence (shading) or MASK (hatched), the pos
 from __future__ import annotations
 
 from dflash import events as ev
-from ui.render import BlockInfo, attr, count, plural, quoted, show_text
-from ui.run_state import RunState, as_state
+from .render import BlockInfo, attr, count, plural, quoted, show_text
+from .run_state import RunState, as_state
 
 
 def block_summary(info: BlockInfo) -> str:

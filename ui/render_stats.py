@@ -5,8 +5,8 @@ from __future__ import annotations
 from dflash import events as ev
 from dflash.stats import TIE_BOUND, diagnose_difference, output_gaps
 from dflash.stats import difference_words as stats_difference_words  # the playground's own adds the lossy case
-from ui.render import above, attr, finished, run_stats
-from ui.run_state import RunState, as_state
+from .render import above, attr, finished, run_stats
+from .run_state import RunState, as_state
 
 
 def comparison(run_events: list, base_events: list, dtype: str = "", timed: list | None = None) -> dict:

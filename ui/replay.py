@@ -21,9 +21,9 @@ from typing import Any
 from dflash import events as ev
 from dflash.events import event_to_dict
 from dflash.registry import ASSETS
-from ui.render import count, token_class
-from ui.run_state import RunState
-from ui.trace_schema import (MAX_RUN_EVENTS, MAX_TRACE_BYTES, MAX_TRACE_EVENTS, TraceError, check_event, check_meta,
+from .render import count, token_class
+from .run_state import RunState
+from .trace_schema import (MAX_RUN_EVENTS, MAX_TRACE_BYTES, MAX_TRACE_EVENTS, TraceError, check_event, check_meta,
                              check_run, shown)
 
 TRACE_FORMAT, TRACE_VERSION = "dflash-trace", 1

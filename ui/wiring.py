@@ -16,11 +16,11 @@ from typing import Any
 import gradio as gr
 
 from dflash.request import MAX_BLOCK_SIZE
-from ui import text
-from ui.engines import EngineProvider
-from ui.controls import shown_rejected, user_message
-from ui.handlers import CONTROL_KEYS, STOPPED_IN_QUEUE, USER_ERRORS, VIEW_KEYS, Playground
-from ui.text import REPLAY_WAITS
+from . import text
+from .engines import EngineProvider
+from .controls import shown_rejected, user_message
+from .handlers import CONTROL_KEYS, STOPPED_IN_QUEUE, USER_ERRORS, VIEW_KEYS, Playground
+from .text import REPLAY_WAITS
 
 log = logging.getLogger("dflash.ui")
 

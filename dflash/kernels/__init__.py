@@ -6,12 +6,8 @@
 - `_triton_common`: the shared per-row building blocks (top-k / top-p by radix select, running argmax).
 - `compile_check`: compiles every kernel variant for an NVIDIA architecture without a GPU.
 
-This package imports nothing from `dflash` (imports run one way: engine → verification → kernels). The PyTorch
+This package imports no other `dflash` module (imports run one way: engine → verification → kernels). The PyTorch
 reference each kernel must match, and the choice between kernels and reference (`DFLASH_KERNELS`), live in
 `dflash.verify` and `dflash.verify_dispatch`. Importing the package imports neither torch nor Triton; the kernel
 modules import both.
-
-Name clash: Hugging Face's PyPI package `kernels` (hub-hosted compute kernels) has the same import name. If it is
-installed in the same environment, whichever comes first on `sys.path` wins; run from the repository root (as
-the app, CLI and tests do) so that this directory is the one imported, and do not install both side by side.
 """

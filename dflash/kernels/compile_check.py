@@ -1,6 +1,6 @@
 """Compile every kernel variant ahead of time for an NVIDIA architecture — no GPU needed.
 
-`python -m kernels.compile_check [--arch 90]` lowers each kernel (all constexpr branches the dispatch can pick)
+`python -m dflash.kernels.compile_check [--arch 90]` lowers each kernel (all constexpr branches the dispatch can pick)
 through Triton's full pipeline to a cubin with the ptxas that ships in the triton wheel. The interpreter runs
 kernels as NumPy and does not type-check them; this catches the compiled-mode errors (types, unsupported ops)
 on a CPU-only machine. It must run without TRITON_INTERPRET=1 (the kernels must be real `triton.jit` functions).
@@ -20,8 +20,8 @@ def _signature(kernel, types: dict[str, str]) -> dict[str, str]:
 
 def variants():
     """(name, kernel, argument types, constexpr values) for every branch the wrappers can launch."""
-    from kernels.greedy_verify_triton import _match_verify_kernel
-    from kernels.spec_sample_triton import _spec_sample_kernel
+    from dflash.kernels.greedy_verify_triton import _match_verify_kernel
+    from dflash.kernels.spec_sample_triton import _spec_sample_kernel
 
     match_types = {"logits_ptr": "*bf16", "stride_lb": "i32", "stride_lr": "i32", "noise_ptr": "*fp32", "stride_nb": "i32",
                    "stride_nr": "i32", "draft_ptr": "*i64", "stride_db": "i32", "choice_ptr": "*i32", "accepted_ptr": "*i32",

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._triton_common import argmax_update, keep_threshold, order_key, pick_block_r, pick_block_v, scaled_tile
+from dflash.kernels._triton_common import argmax_update, keep_threshold, order_key, pick_block_r, pick_block_v, scaled_tile
 
 
 @triton.jit
