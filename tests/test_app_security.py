@@ -115,6 +115,28 @@ def test_a_hostile_trace_upload_is_a_named_error_without_markup(app, tmp_path):
     assert "<" not in message and "Traceback" not in message
 
 
+def test_an_upload_with_a_byte_order_mark_loads_and_a_bad_one_names_its_line(app, tmp_path):
+    """Through the served API: a UTF-8 file with a BOM (refused before as "line 1 is not valid JSON"), and JSON lines
+    after 200,000 blank lines whose fourth event nests 100,000 deep (reported before at "line 1")."""
+    doc = json.loads((TRACES_DIR / "code.json").read_text(encoding="utf-8"))
+    bom = tmp_path / "bom.json"
+    bom.write_text(json.dumps(doc), encoding="utf-8-sig")
+    deep = tmp_path / "deep.jsonl"
+    lines = [json.dumps(d) for d in doc["events"]]
+    lines[3] = "[" * 100_000 + "]" * 100_000
+    deep.write_text("\n" * 200_000 + "\n".join(lines), encoding="utf-8")
+    client = Client(app.url, verbose=False)
+    try:
+        out = dict(zip([k for k in OUT_KEYS if k not in ("trace", "history")],
+                       client.predict(handle_file(str(bom)), True, api_name="/upload_trace")))
+        assert out["status"].startswith("**Loaded upload trace:**")
+        with pytest.raises(AppError) as info:
+            client.predict(handle_file(str(deep)), True, api_name="/upload_trace")
+    finally:
+        client.close()
+    assert str(info.value) == "trace: line 200004 is not valid JSON (nested more than 100 levels deep)"
+
+
 def test_bundled_trace_names_never_become_paths(app):
     pg = Playground(EngineProvider({"default": app.engine}))
     for label in ("../../etc/passwd", str(TRACES_DIR / "prose.json"), "prose"):

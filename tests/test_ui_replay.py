@@ -148,13 +148,48 @@ def test_json_lines_errors_name_the_line(code_doc):
 
 
 @pytest.mark.parametrize("text, message", [
-    ('{"format": "dflash-trace", "version": 1, "events": [' + "1" * 5000 + "]}", "is not valid JSON"),
-    ("[" * 100_000 + "]" * 100_000, "is not valid JSON"),
+    ('{"format": "dflash-trace", "version": 1, "events": [' + "1" * 5000 + "]}",
+     "trace: line 1 is not valid JSON (a number of more than 4300 digits)"),
+    ("[" * 100_000 + "]" * 100_000, "trace: line 1 is not valid JSON (nested more than 100 levels deep)"),
     ('{"format": "dflash-trace", "version": 1, "meta": {"title": "' + "x" * 5000 + '"}, "events": []}',
      "'meta.title' must be text of at most 1000 characters"),
 ])
 def test_unreadable_numbers_deep_nesting_and_long_meta_are_named_errors(text, message):
     assert message in refused(text)
+
+
+def test_errors_name_the_real_line_and_reason(code_doc):
+    """Before, the text was stripped first (blank lines before the first event shifted every line number to 1) and
+    any decoding failure read "line 1 is not valid JSON"."""
+    lines = [json.dumps(d) for d in code_doc["events"]]
+    blank = "\n" * 200_000
+    assert len(parse_trace(blank + "\n".join(lines)).events) == len(lines)  # blank lines are not counted as events
+    assert len(parse_trace(blank + lines[0] + "\n" + blank).events) == 1
+    lines[3] = "[" * 100_000 + "]" * 100_000
+    assert refused(blank + "\n".join(lines)) == "trace: line 200004 is not valid JSON (nested more than 100 levels deep)"
+    lines[3] = lines[3][:50]
+    assert refused(blank + "\n".join(lines)).startswith("trace: line 200004 is not valid JSON (expecting")
+    lines[0] = lines[0][:-1]  # the first line broken: the same message, not "not a DFlash trace"
+    assert refused(blank + "\n".join(lines)).startswith("trace: line 200001 is not valid JSON (expecting")
+    pretty = json.dumps(code_doc, indent=1).splitlines()
+    pretty[40] = pretty[40].replace(",", ";", 1)
+    assert refused("\n".join(pretty)).startswith("trace: line 41 is not valid JSON (expecting")
+    bad_event = dict(code_doc["events"][0], type="Nope")
+    assert refused(blank + json.dumps(bad_event)).startswith("trace: line 200001 is not a DFlash event")
+
+
+def test_a_byte_order_mark_and_line_separators_in_strings_are_read(code_doc, tmp_path):
+    doc = copy.deepcopy(code_doc)
+    doc["meta"]["note"] = "two\u2028lines"  # a separator str.splitlines() would cut at
+    path = tmp_path / "bom.json"
+    path.write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8-sig")
+    assert path.read_bytes()[:3] == b"\xef\xbb\xbf" and load_trace_file(path).meta["note"] == "two\u2028lines"
+    doc["events"][0]["prompt_text"] = "a\u2028b"
+    path.write_text("\n".join(json.dumps(d, ensure_ascii=False) for d in doc["events"]), encoding="utf-8-sig")
+    assert load_trace_file(path).events[0].prompt_text == "a\u2028b"  # JSON lines with a BOM
+    path.write_bytes(b"\n\n" + json.dumps(doc["events"][0]).encode() + b"\n\xff\n")
+    with pytest.raises(TraceError, match=r"^trace: line 4 is not UTF-8 text$"):
+        load_trace_file(path)
 
 
 def test_events_must_keep_the_order_of_a_run(code_doc):

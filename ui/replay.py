@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import threading
 from dataclasses import dataclass, field
@@ -21,14 +22,13 @@ from typing import Any
 from dflash import events as ev
 from dflash.events import event_to_dict
 from dflash.registry import ASSETS
-from .render import count, token_class
-from .run_state import RunState
-from .trace_schema import (MAX_RUN_EVENTS, MAX_TRACE_BYTES, MAX_TRACE_EVENTS, TraceError, check_event, check_meta,
-                             check_run, shown)
+from ui.render import count, token_class
+from ui.run_state import RunState
+from ui.trace_schema import (MAX_RUN_EVENTS, MAX_TRACE_BYTES, MAX_TRACE_EVENTS, JsonProblem, TraceError, check_event,
+                             check_meta, check_run, decode_json, line_of, shown)
 
 TRACE_FORMAT, TRACE_VERSION = "dflash-trace", 1
 TRACES_DIR = ASSETS / "traces"
-_NOT_JSON = object()
 
 
 @dataclass
@@ -51,22 +51,15 @@ def dumps_trace(trace: Trace) -> str:
     return json.dumps(trace_dict(trace), ensure_ascii=False, separators=(",", ":"))
 
 
-def _json(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):  # also a number of more than 4300 digits, or nesting too deep
-        return _NOT_JSON
-
-
 def parse_trace(text: str) -> Trace:
     """Our JSON trace or the CLI's JSON lines → Trace. Raises TraceError with a short, safe message that names
     the place (`events[12] (Verify)`, `line 13 (Verify)`) and the field."""
     if len(text) > MAX_TRACE_BYTES:
         raise TraceError(f"trace: the file is larger than {MAX_TRACE_BYTES // 2**20} MB")
-    text = text.strip()
-    if not text:
+    text = text.removeprefix("\ufeff")  # a byte-order mark, as some editors on Windows write
+    if not text.strip():
         raise TraceError("trace: the file is empty")
-    data = _json(text)
+    data = decode_json(text)  # lines are counted in the file as it is: blank lines before the first event count
     if isinstance(data, dict) and data.get("format") == TRACE_FORMAT:
         if data.get("version") != TRACE_VERSION:
             raise TraceError(f"trace: version {shown(data.get('version'))} is not supported (expected {TRACE_VERSION})")
@@ -77,8 +70,11 @@ def parse_trace(text: str) -> Trace:
         places = [f"events[{i}]" for i in range(len(raw))]
         base_places = [f"baseline[{i}]" for i in range(len(base_raw or []))]
     elif isinstance(data, dict) and "type" in data:  # a one-line JSON-lines file
-        raw, places, meta, base_raw, base_places = [data], ["line 1"], {}, None, []
-    elif data is _NOT_JSON:
+        where = f"line {line_of(text, len(text) - len(text.lstrip()))}"
+        raw, places, meta, base_raw, base_places = [data], [where], {}, None, []
+    elif isinstance(data, JsonProblem) and not (data.more or _looks_like_lines(text)):
+        raise TraceError(f"trace: line {data.line} is not valid JSON ({data.reason})")
+    elif isinstance(data, JsonProblem):
         raw, places = _json_lines(text)
         meta, base_raw, base_places = {}, None, []
     else:
@@ -93,17 +89,25 @@ def parse_trace(text: str) -> Trace:
     return Trace(events, meta, baseline)
 
 
+def _looks_like_lines(text: str) -> bool:
+    """Whether a text that is not one JSON value reads as JSON lines, whose errors are then each line's own: its
+    first two lines with text both start an object (a document laid out on lines has its keys on the second)."""
+    firsts = [line.lstrip()[:1] for line in itertools.islice(filter(str.strip, text.split("\n")), 2)]
+    return firsts == ["{", "{"]
+
+
 def _json_lines(text: str) -> tuple[list, list[str]]:
-    lines = text.splitlines()
-    if len(lines) > MAX_TRACE_EVENTS:
-        raise TraceError(f"trace: more than {MAX_TRACE_EVENTS} lines")
+    """The CLI's JSON lines: one event a line, blank lines skipped (and not counted against the limit). Split at
+    "\n" only, as JSON counts lines: text may hold other line separators (U+2028) inside its strings."""
     raw, places = [], []
-    for i, line in enumerate(lines, 1):
+    for i, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
-        d = _json(line)
-        if d is _NOT_JSON:
-            raise TraceError(f"trace: line {i} is not valid JSON")
+        if len(raw) == MAX_TRACE_EVENTS:
+            raise TraceError(f"trace: more than {MAX_TRACE_EVENTS} lines")
+        d = decode_json(line)
+        if isinstance(d, JsonProblem):
+            raise TraceError(f"trace: line {i} is not valid JSON ({d.reason})")
         raw.append(d)
         places.append(f"line {i}")
     return raw, places
@@ -117,10 +121,13 @@ def load_trace_file(path: str | Path) -> Trace:
     p = Path(path)
     if p.stat().st_size > MAX_TRACE_BYTES:
         raise TraceError(f"trace: the file is larger than {MAX_TRACE_BYTES // 2**20} MB")
+    data = p.read_bytes()
     try:
-        return parse_trace(p.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise TraceError("trace: the file is not UTF-8 text") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise TraceError(f"trace: line {line} is not UTF-8 text") from None
+    return parse_trace(text)
 
 
 def bundled_traces(directory: Path = TRACES_DIR) -> dict[str, Path]:

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from dflash import events as ev
 from dflash.errors import ValidationError
@@ -31,6 +31,8 @@ MAX_POSITION = MAX_PROMPT_TOKENS + MAX_NEW_TOKENS + MAX_BLOCK_SIZE  # an absolut
 MAX_MS = int(MAX_DEADLINE_S * 1000)  # the longest deadline a request may set
 MAX_LABEL_CHARS = 1_000  # a token's text, a controller's reason, a model name, a meta value
 MAX_TEXT_CHARS = 200_000  # a prompt, an answer, a message
+
+MAX_JSON_DEPTH = 100  # a trace nests 5 levels deep; Python's reader gives up near 1,000 levels (RecursionError)
 
 _PLAIN = re.compile(r"[\w .,:;+\-/()]{0,40}")
 
@@ -51,6 +53,44 @@ def shown(value: Any) -> str:
     if isinstance(value, str):
         return json.dumps(value) if _PLAIN.fullmatch(value) else f"text of {len(value)} characters"
     return f"a list of {len(value)}" if isinstance(value, list) else "an object" if isinstance(value, dict) else "a value"
+
+
+# -- JSON text -----------------------------------------------------------------------------------------------------
+class JsonProblem(NamedTuple):
+    """Why a JSON text did not decode, and the line (1-based, of the text given) where it went wrong."""
+    reason: str
+    line: int
+    more: bool = False  # one value was read and more text follows it: JSON lines, maybe
+
+
+def decode_json(text: str) -> Any:
+    """`text`'s one JSON value, or a JsonProblem naming the line and the reason (a syntax error, too deep, a
+    number too long to read)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        return JsonProblem(f"{exc.msg.lower()} at column {exc.colno}", exc.lineno, exc.msg == "Extra data")
+    except RecursionError:
+        deep = _too_deep(text)
+        return JsonProblem(f"nested more than {MAX_JSON_DEPTH} levels deep", line_of(text, deep or 0))
+    except ValueError:  # int() refuses more than 4,300 digits
+        long = re.search(r"\d{4301}", text)
+        return JsonProblem("a number of more than 4300 digits", line_of(text, long.start() if long else 0))
+
+
+def line_of(text: str, at: int) -> int:
+    return text.count("\n", 0, at) + 1
+
+
+def _too_deep(text: str) -> int | None:
+    """Where `text`'s brackets (outside strings) first nest more than MAX_JSON_DEPTH deep."""
+    depth = 0
+    for m in re.finditer(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', text):
+        c = m.group()
+        depth += 1 if c in "[{" else -1 if c in "]}" else 0
+        if depth > MAX_JSON_DEPTH:
+            return m.start()
+    return None
 
 
 # -- field rules: rule(value, name) -> None when valid, else the message ----------------------------------------
