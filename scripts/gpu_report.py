@@ -20,6 +20,7 @@ START, END = "<!-- gpu:start -->", "<!-- gpu:end -->"
 sys.path.insert(0, str(ROOT))
 
 from dflash.bench.host_work import table as host_work_table  # noqa: E402
+from doc_text import wrap  # noqa: E402  (scripts/: this script's folder, on the path when it runs)
 
 
 def load(name: str) -> dict:
@@ -101,12 +102,11 @@ def body() -> str:
         "",
         f"- **First run** (`scripts/gpu_check.sh`; {step_seconds('h200-run-1.log')}): "
         f"{checks_line(one)}. `gpu` tests: "
-        f"{pytest_counts('h200-pytest-1.log')}. Kernel parity: {parity(one)}. Those were exact ties in bfloat16 on the "
-        "top-p boundary: the reference's sorted cumsum dropped one of two equal logits (which one, the sort decided) "
-        "where the kernels keep both. `dflash.sampling.filter_logits` now keeps or drops equal logits together, as "
-        "the kernels do. The failing bf16 match-rate test asked more identical outputs than a tiny random model in "
-        "bfloat16 gives, while its divergences were all ties (`results/gpu/h200-pytest-1.log`): it now requires every "
-        "divergence to be a tie and 3/4 identical.",
+        f"{pytest_counts('h200-pytest-1.log')}. Kernel parity: {parity(one)}. Both were exact bfloat16 ties at the "
+        "top-p boundary, where the reference's sort dropped one of two equal logits; `dflash.sampling.filter_logits` "
+        "now keeps or drops equal logits together, as the kernels do. The failing bf16 match-rate test asked for more "
+        "identical outputs than a tiny random bfloat16 model gives; it now requires every divergence to be a tie "
+        "(`results/gpu/h200-pytest-1.log`) and 3/4 identical.",
         f"- **Second run**, after that fix: `gpu` tests {pytest_counts('h200-pytest-2.log')} (the parity, noise and "
         f"match-rate tests); kernel parity {parity(two)}.",
         f"- Oracle draft (every block must be accepted whole): {one['oracle_accept']['runs']} runs, "
@@ -158,7 +158,7 @@ def main() -> int:
     if START not in text:
         anchor = "## Development measurements"
         text = text.replace(anchor, f"{START}\n{END}\n\n{anchor}", 1)
-    text = text[: text.index(START)] + body() + text[text.index(END) + len(END):]
+    text = text[: text.index(START)] + wrap(body()) + text[text.index(END) + len(END):]
     path.write_text(text)
     print("ok")
     return 0
