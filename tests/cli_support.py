@@ -1,7 +1,9 @@
-"""What the CLI's tests share: a bad option's one-line error, and a subprocess that Ctrl-C reaches."""
+"""What the CLI's tests share: a bad option's one-line error, a command run in-process, and a subprocess that Ctrl-C
+reaches."""
 
 from __future__ import annotations
 
+import resource
 import signal
 import subprocess
 
@@ -11,6 +13,32 @@ def interruptible() -> None:
     runs with SIGINT ignored (`cmd &` in a non-interactive shell), its children inherit the ignore, Python installs
     no KeyboardInterrupt handler and the signal would be lost."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def capped_memory(gigabytes: float = 12):
+    """`preexec_fn` capping a CLI run's address space: a test proving that nothing large is allocated fails with a
+    MemoryError where the code would allocate (say 25 GB for a hostile draft config), instead of exhausting the
+    shared machine's memory."""
+    size = int(gigabytes * 2**30)
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (size, size))
+
+
+def run_main(main, argv: list[str], capsys) -> subprocess.CompletedProcess:
+    """A command's `main(argv)` run in this process, read back as a subprocess's result (exit status, stdout, stderr):
+    option and validation errors are tested without a fresh interpreter's 3-4 s of imports. An exception main lets
+    out fails the test, as a traceback would. Torch's thread count, which a command sets, is restored."""
+    import torch
+
+    capsys.readouterr()  # what the test printed before is not the command's
+    threads = torch.get_num_threads()
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's errors and --help
+        code = exc.code
+    finally:
+        torch.set_num_threads(threads)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, 0 if code is None else code, out, err)
 
 
 def assert_option_error(proc: subprocess.CompletedProcess, option: str) -> None:

@@ -1,5 +1,6 @@
-"""`python -m dflash generate` through a subprocess, as a user runs it: bad options get one line naming the option
-and exit status 2 (never a traceback), Ctrl-C stops cleanly with the partial output and a complete trace."""
+"""`python -m dflash generate`: bad options get one line naming the option and exit status 2 (never a traceback),
+Ctrl-C stops cleanly with the partial output and a complete trace. A few runs go through a subprocess, as a user
+runs it (exit status, stdout and stderr, Ctrl-C, a second start); the rest through `main(argv)` in this process."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from dflash.draft import DFlashDraftModel, DraftConfig, save_draft
-from tests.cli_support import interruptible
+from tests.cli_support import capped_memory, interruptible, run_main
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -47,6 +48,14 @@ def models(tmp_path_factory):
 def generate(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dflash", "generate", *args], cwd=ROOT, env=env or ENV, capture_output=True,
                           text=True, timeout=timeout)
+
+
+@pytest.fixture
+def here(capsys):
+    """`generate` through `main(argv)` in this process: what `generate()` returns, without a fresh interpreter."""
+    from dflash.cli import main
+
+    return lambda *args: run_main(main, ["generate", *args], capsys)
 
 
 def assert_option_error(proc: subprocess.CompletedProcess, option: str) -> None:
@@ -144,13 +153,27 @@ def test_argparses_own_errors_are_one_line_too(argv, option):
     (["--device", "foo"], "--device"),
     (["--device", "tpu"], "--device"),
 ])
-def test_bad_model_options_name_the_option(models, args, option):
-    assert_option_error(generate("--target", str(models / "target"), "--prompt-ids", "1,2", *args), option)
+def test_bad_model_options_name_the_option(models, here, args, option):
+    assert_option_error(here("--target", str(models / "target"), "--prompt-ids", "1,2", *args), option)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
-def test_cuda_without_cuda_is_an_option_error(models):
-    assert_option_error(generate("--target", str(models / "target"), "--prompt-ids", "1,2", "--device", "cuda"), "--device")
+def test_cuda_without_cuda_is_an_option_error(models, here):
+    assert_option_error(here("--target", str(models / "target"), "--prompt-ids", "1,2", "--device", "cuda"), "--device")
+
+
+@pytest.mark.parametrize("value, says", [
+    ("cuda", "DFLASH_KERNELS: must be one of auto, triton, reference, got 'cuda'"),
+    ("triton", "DFLASH_KERNELS: triton on a cpu device needs TRITON_INTERPRET=1"),
+])
+def test_dflash_kernels_is_checked_before_the_model_loads(models, here, monkeypatch, value, says):
+    """Was a traceback from the first verification, after the load."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("DFLASH_KERNELS", value)
+    proc = here("--target", str(models / "target"), "--draft", str(models / "draft"), "--prompt-ids", "1,2",
+                "--device", "cpu")
+    assert_option_error(proc, says)
+    assert "[loaded" not in proc.stderr
 
 
 def test_an_option_error_names_every_option_as_typed():
@@ -173,21 +196,36 @@ def test_unwritable_trace_fails_before_the_model_loads(models):
     assert "[loaded" not in proc.stderr
 
 
-def test_a_refused_command_leaves_an_earlier_trace_as_it_was(models, tmp_path):
+def test_a_refused_command_leaves_an_earlier_trace_as_it_was(models, tmp_path, here):
     """The trace was opened (truncated) before the models loaded and checked the request: a refused command left an
     earlier run's trace empty."""
     trace = tmp_path / "keep.jsonl"
     trace.write_text("an earlier run\n")
-    proc = generate("--target", str(models / "target"), "--no-draft", "--prompt-ids", "1,999999", "--trace", str(trace))
+    proc = here("--target", str(models / "target"), "--no-draft", "--prompt-ids", "1,999999", "--trace", str(trace))
     assert_option_error(proc, "--prompt-ids")
     assert trace.read_text() == "an earlier run\n"
-    assert_option_error(generate("--target", str(models / "target"), "--prompt-ids", "1,2", "--trace", str(tmp_path)),
+    assert_option_error(here("--target", str(models / "target"), "--prompt-ids", "1,2", "--trace", str(tmp_path)),
                         "--trace: cannot write")
 
 
-def test_a_draft_for_another_target_is_refused_with_its_reason(models):
-    proc = generate("--target", str(models / "target"), "--draft", str(models / "wrong-draft"), "--prompt-ids", "1,2")
-    assert_option_error(proc, "draft: hidden size 32")
+def test_a_draft_for_another_target_is_refused_with_its_reason(models, here):
+    proc = here("--target", str(models / "target"), "--draft", str(models / "wrong-draft"), "--prompt-ids", "1,2")
+    assert_option_error(proc, "--draft: hidden_size 32 does not match the target's hidden_size 64")
+
+
+def test_a_draft_with_absurd_sizes_is_refused_before_anything_is_allocated(models, tmp_path):
+    """hidden_size 16384 and intermediate_size 131072 in a tiny draft's config.json: 25 GB were allocated before the
+    load failed. With the address space capped at 12 GB the refusal still comes, in one line, before the target loads."""
+    draft = tmp_path / "draft"
+    shutil.copytree(models / "draft", draft)
+    config = json.loads((draft / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps({**config, "hidden_size": 16384, "intermediate_size": 131072}))
+    proc = subprocess.run([sys.executable, "-m", "dflash", "generate", "--target", str(models / "target"), "--draft",
+                           str(draft), "--prompt-ids", "1,2"], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=120, preexec_fn=capped_memory(12))
+    assert_option_error(proc, "--draft: config.json has hidden_size 16384, but model.safetensors holds a draft with "
+                              "hidden_size 64")
+    assert "[loaded" not in proc.stderr
 
 
 @pytest.mark.parametrize("config,says", [
@@ -195,13 +233,13 @@ def test_a_draft_for_another_target_is_refused_with_its_reason(models):
     ("{}", "config.json is not a valid DFlash draft config: no 'hidden_size' entry"),
     ("[]", "config.json is not a valid DFlash draft config"),
 ])
-def test_a_draft_whose_config_is_not_a_drafts_is_refused_in_one_line(models, tmp_path, config, says):
+def test_a_draft_whose_config_is_not_a_drafts_is_refused_in_one_line(models, tmp_path, here, config, says):
     """A hand-edited or truncated config.json was a traceback (ValueError / KeyError from inside the config)."""
     draft = tmp_path / "draft"
     shutil.copytree(models / "draft", draft)
     (draft / "config.json").write_text(config)
-    proc = generate("--target", str(models / "target"), "--draft", str(draft), "--prompt-ids", "1,2")
-    assert_option_error(proc, f"draft: {says}")
+    proc = here("--target", str(models / "target"), "--draft", str(draft), "--prompt-ids", "1,2")
+    assert_option_error(proc, f"--draft: {says}")
 
 
 def test_json_output_and_trace_of_a_normal_run(models, tmp_path):
@@ -215,7 +253,19 @@ def test_json_output_and_trace_of_a_normal_run(models, tmp_path):
     assert last["type"] == "Finished" and last["output_ids"] == out["output_ids"]
 
 
-def test_the_default_block_policy_is_cost_on_a_cpu_and_the_trace_records_it(models, tmp_path):
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (every write fails: no space left)")
+def test_a_trace_whose_writes_fail_is_said_in_one_line_and_the_result_still_printed(models):
+    """`--trace /dev/full` was a traceback at trace.close(), exit 1, and the JSON result never reached stdout."""
+    proc = generate("--target", str(models / "target"), "--no-draft", "--prompt-ids", "5,6,7", "--max-new-tokens", "5",
+                    "--json", "--trace", "/dev/full")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert [x for x in proc.stderr.splitlines() if x.startswith("error:")] == [
+        "error: --trace: writing /dev/full failed (No space left on device); the trace is incomplete"], proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["finish_reason"] == "length" and len(out["output_ids"]) == 5
+
+
+def test_the_default_block_policy_is_cost_on_a_cpu_and_the_trace_records_it(models, tmp_path, here):
     """`--adaptive auto` (the default) runs the cost policy on a CPU: after the first block at the trained size it
     measures the smallest block; `--adaptive fixed` keeps the trained size. Same tokens either way."""
     runs = {}
@@ -223,7 +273,7 @@ def test_the_default_block_policy_is_cost_on_a_cpu_and_the_trace_records_it(mode
         trace = tmp_path / f"{policy}.jsonl"
         args = ["--target", str(models / "target"), "--draft", str(models / "draft"), "--prompt-ids", "5,6,7",
                 "--max-new-tokens", "12", "--json", "--trace", str(trace)]
-        proc = generate(*args, *(["--adaptive", "fixed"] if policy == "fixed" else []))
+        proc = here(*args, *(["--adaptive", "fixed"] if policy == "fixed" else []))
         assert proc.returncode == 0, proc.stderr
         started = json.loads(trace.read_text().splitlines()[0])
         runs[policy] = (json.loads(proc.stdout), started["request"]["adaptive"])
@@ -253,7 +303,7 @@ def test_ctrl_c_stops_cleanly_with_partial_output_and_a_complete_trace(models, t
     assert last["type"] == "Finished" and last["reason"] == "cancelled" and last["output_ids"] == out["output_ids"]
 
 
-def test_the_host_settings_are_probed_once_then_read_back(models, tmp_path):
+def test_the_host_settings_are_probed_once_then_read_back(models, tmp_path, here, monkeypatch):
     """The CPU settings (dtype, threads, layout) chosen by the probe appear in --json; a second start reads them from
     the per-machine cache; what the user fixes is kept."""
     env = {**ENV, "DFLASH_CACHE": str(tmp_path)}
@@ -264,36 +314,41 @@ def test_the_host_settings_are_probed_once_then_read_back(models, tmp_path):
     assert {r["dtype"] for r in first["candidates"]} == {"float32", "bfloat16"}
     again = json.loads(generate(*run, env=env).stdout)["settings"]
     assert again["source"] == "cache" and again["candidates"] == first["candidates"]
-    fixed = generate(*run, "--dtype", "float32", "--threads", "1", env=env)
+    # What the user fixes, in this process (its session's cache: a probe there or a choice read back, fixed alike).
+    fixed = here(*run, "--dtype", "float32", "--threads", "1")
     settings = json.loads(fixed.stdout)["settings"]
     assert (settings["dtype"], settings["threads"], settings["mode"]) == ("float32", 1, "exact")
-    bad = generate(*run, env={**env, "DFLASH_THREADS": "many"})
+    monkeypatch.setenv("DFLASH_THREADS", "many")  # an operator's bad value: refused before the load
+    bad = here(*run)
+    monkeypatch.delenv("DFLASH_THREADS")
     assert bad.returncode == 2 and "DFLASH_THREADS" in bad.stderr and "Traceback" not in bad.stderr
-    by_env = json.loads(generate(*run, env={**env, "DFLASH_DTYPE": "float32"}).stdout)["settings"]
+    monkeypatch.setenv("DFLASH_DTYPE", "float32")
+    by_env = json.loads(here(*run).stdout)["settings"]
     assert by_env["dtype"] == "float32" and {r["dtype"] for r in by_env["candidates"]} == {"float32"}
-    given = json.loads(generate(*run, "--dtype", "bfloat16", env={**env, "DFLASH_DTYPE": "float32"}).stdout)["settings"]
+    given = json.loads(here(*run, "--dtype", "bfloat16").stdout)["settings"]
     assert given["dtype"] == "bfloat16"  # the flag wins over the environment
     assert given["matmul_ms"]["native"] > 0 and given["float32_from_rows"] in (0, 16)  # measured for bfloat16 …
     assert settings["matmul_ms"] == {} and settings["float32_from_rows"] == 0  # … never for float32
-    bad = generate(*run, env={**env, "DFLASH_DTYPE": "fp8"})
+    monkeypatch.setenv("DFLASH_DTYPE", "fp8")
+    bad = here(*run)
     assert bad.returncode == 2 and "DFLASH_DTYPE: must be float32, bfloat16 or auto" in bad.stderr
     assert "Traceback" not in bad.stderr
 
 
-def test_lookup_ngram_copies_from_the_context_without_changing_the_output(models, tmp_path):
+def test_lookup_ngram_copies_from_the_context_without_changing_the_output(models, tmp_path, here):
     """--lookup-ngram N: blocks whose anchor ends an N-gram seen before are copied (the trace says which), the output
     equals the no-draft run's; an N out of range is a one-line error naming it."""
     base = ["--target", str(models / "target"), "--prompt-ids", "5,6,7,5,6,7,5,6", "--max-new-tokens", "24", "--json",
             "--dtype", "float32"]  # the exact mode (the host probe may choose bfloat16 for one run and not the other)
-    plain = generate(*base, "--no-draft")
+    plain = here(*base, "--no-draft")
     trace = tmp_path / "copy.jsonl"
-    copied = generate(*base, "--draft", str(models / "draft"), "--lookup-ngram", "1", "--trace", str(trace))
+    copied = here(*base, "--draft", str(models / "draft"), "--lookup-ngram", "1", "--trace", str(trace))
     assert plain.returncode == copied.returncode == 0, copied.stderr
     out = json.loads(copied.stdout)
     assert out["output_ids"] == json.loads(plain.stdout)["output_ids"]
     sources = [e["source"] for e in map(json.loads, trace.read_text().splitlines()) if e["type"] == "Verify"]
     assert out["stats"]["copy_blocks"] == sources.count("copy") > 0
-    assert_option_error(generate(*base, "--lookup-ngram", "9"), "--lookup-ngram")
+    assert_option_error(here(*base, "--lookup-ngram", "9"), "--lookup-ngram")
 
 
 def test_streamed_text_ends_its_line_on_stdout(models):
@@ -311,13 +366,13 @@ def test_prompt_and_prompt_ids_together_or_neither_is_an_option_error(models):
     assert_option_error(generate(*target), "--prompt")
 
 
-def test_draft_only_options_under_no_draft_are_named_not_silently_dropped(models):
+def test_draft_only_options_under_no_draft_are_named_not_silently_dropped(models, here):
     """--no-draft with --lookup-ngram / --steps: the run is the no-draft one (same output) and stderr says which
     options had no effect; without such options there is no note."""
     base = ["--target", str(models / "target"), "--no-draft", "--prompt-ids", "5,6,7", "--max-new-tokens", "6", "--json",
             "--dtype", "float32"]
-    noted = generate(*base, "--lookup-ngram", "2", "--steps", "3")
-    plain = generate(*base)
+    noted = here(*base, "--lookup-ngram", "2", "--steps", "3")
+    plain = here(*base)
     assert noted.returncode == plain.returncode == 0, noted.stderr
     assert json.loads(noted.stdout)["output_ids"] == json.loads(plain.stdout)["output_ids"]
     note = [x for x in noted.stderr.splitlines() if x.startswith("note:")]
