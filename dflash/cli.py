@@ -127,11 +127,18 @@ def check_model_args(args: argparse.Namespace) -> None:
 
 
 def engine_from_args(args: argparse.Namespace):
+    """The engine the model options name; a draft the user named that cannot be loaded is named as --draft."""
+    from dflash.errors import ModelLoadError
     from dflash.load import load_engine
 
     check_model_args(args)
-    return load_engine(args.preset, args.target, args.draft, args.no_draft, args.dtype, args.device, args.threads,
-                       quantize=args.quantize, device_map=getattr(args, "device_map", None))
+    try:
+        return load_engine(args.preset, args.target, args.draft, args.no_draft, args.dtype, args.device, args.threads,
+                           quantize=args.quantize, device_map=getattr(args, "device_map", None))
+    except ModelLoadError as exc:  # not a ValidationError: its config field names are no request fields to rename
+        if args.draft and str(exc).startswith("draft: "):
+            raise ModelLoadError(f"--draft: {str(exc).removeprefix('draft: ')}") from None
+        raise
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -166,12 +173,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # Ctrl-C asks the engine to stop after the current block (or prefill chunk): it finishes with reason "cancelled",
     # so the partial output is printed and the trace ends with its Finished line.
     events = engine.stream(request, cancel)  # checks the request against the models (a refusal raises here)
-    trace = open_trace(args.trace)  # only now: a refused command or a Ctrl-C during the load leaves an old trace alone
+    trace = TraceFile(args.trace) if args.trace else None  # only now: a refused command leaves an old trace alone
     previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())
     try:
         for event in events:
             if trace:
-                trace.write(json.dumps(event_to_dict(event)) + "\n")
+                trace.write(event_to_dict(event))
             if isinstance(event, Commit) and not args.json:
                 print(event.text_delta, end="", flush=True)
             if isinstance(event, Finished):
@@ -192,7 +199,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
               + (f", {s['copy_blocks']} blocks copied (tau {s['copy_tau']:.2f})" if s["copy_blocks"] else "")
               + (f", LOSSY: {s['drift_tokens']} tokens differ from the target's own choice" if s["lossy"] else ""),
               file=sys.stderr)
-    return {"error": 1, "cancelled": 130}.get(fin.reason, 0)
+    status = {"error": 1, "cancelled": 130}.get(fin.reason, 0)
+    return status or int(bool(trace and trace.failed))  # the result printed, an incomplete trace still exits 1
 
 
 def check_trace_path(path: str | None) -> None:
@@ -206,13 +214,39 @@ def check_trace_path(path: str | None) -> None:
         raise DFlashError(f"--trace: cannot write {path}: {problem}")
 
 
-def open_trace(path: str | None):
-    if not path:
-        return None
-    try:
-        return open(path, "w")
-    except OSError as exc:
-        raise DFlashError(f"--trace: cannot write {path}: {exc.strerror}") from None
+class TraceFile:
+    """--trace, written one line per event as the run goes (line-buffered). A write that fails (a full disk,
+    /dev/full) is said at once in one line and writing stops; the run goes on and its result is still printed."""
+
+    def __init__(self, path: str):
+        self.path, self.failed = path, False
+        try:
+            self.file = open(path, "w", buffering=1)
+        except OSError as exc:
+            raise DFlashError(f"--trace: cannot write {path}: {exc.strerror}") from None
+
+    def write(self, event: dict) -> None:
+        if not self.failed:
+            try:
+                self.file.write(json.dumps(event) + "\n")
+            except OSError as exc:
+                self._fail(exc)
+
+    def close(self) -> None:
+        try:
+            self.file.close()
+        except OSError as exc:
+            if not self.failed:
+                self._fail(exc)
+
+    def _fail(self, exc: OSError) -> None:
+        self.failed = True
+        print(f"error: --trace: writing {self.path} failed ({exc.strerror or exc}); the trace is incomplete",
+              file=sys.stderr, flush=True)
+        try:
+            self.file.close()  # drops what could not be written
+        except OSError:
+            pass
 
 
 class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):

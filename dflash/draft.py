@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dflash.draft_check import check_sizes, check_weights, unreadable, weight_shapes
 from dflash.errors import ModelLoadError
 from dflash.registry import CONFIG_NAME, MASK_TOKEN_ID, VOCAB_NAME, WEIGHTS_NAME
 
@@ -59,6 +60,7 @@ class DraftConfig:
     max_position_embeddings: int = 40960
 
     def __post_init__(self) -> None:
+        check_sizes(asdict(self))  # before anything computes with them (a size given as text, or absurd)
         if not self.target_layer_ids:
             self.target_layer_ids = build_target_layer_ids(self.num_target_layers, self.num_hidden_layers)
         bad = [j for j in self.target_layer_ids if not 0 <= j < self.num_target_layers]
@@ -85,7 +87,7 @@ class DraftConfig:
         """Against the target's shape: a draft trained for another target fails here with a message (ModelLoadError),
         not later with an IndexError mid-run. `vocab`: the draft vocabulary's target ids, or None."""
         if self.hidden_size != hidden_size:
-            raise ModelLoadError(f"draft: hidden size {self.hidden_size} does not match the target's {hidden_size}")
+            raise ModelLoadError(f"draft: hidden_size {self.hidden_size} does not match the target's hidden_size {hidden_size}")
         bad = [j for j in self.target_layer_ids if not 0 <= j < num_layers]
         if bad:
             raise ModelLoadError(f"draft: target_layer_ids {bad} do not exist in the target ({num_layers} layers)")
@@ -126,7 +128,8 @@ class DraftConfig:
         if not kw.get("rope_scaling") and rope.get("rope_type", "default") != "default":
             kw["rope_scaling"] = dict(rope)
         kw["mask_token_id"] = dflash.get("mask_token_id", d.get("mask_token_id", 0))
-        kw["target_layer_ids"] = list(dflash.get("target_layer_ids") or [])
+        kw["target_layer_ids"] = dflash.get("target_layer_ids") or []
+        check_sizes(kw)  # before head_dim is computed from them
         kw.setdefault("head_dim", d["hidden_size"] // d["num_attention_heads"])
         return cls(**kw)
 
@@ -317,16 +320,28 @@ def read_draft_config(directory: str | Path) -> DraftConfig:
         raise ModelLoadError(f"draft: {CONFIG_NAME} is not a valid DFlash draft config: {why}") from None
 
 
+def inspect_draft(directory: str | Path) -> DraftConfig:
+    """The draft's config, checked against the shapes its weights hold (read from the safetensors header) before any
+    tensor is allocated: ModelLoadError naming the first field or tensor that disagrees."""
+    directory = Path(directory)
+    cfg = read_draft_config(directory)
+    with torch.device("meta"):  # the layout's names and shapes, with no memory behind them
+        expected = {k: tuple(v.shape) for k, v in DFlashDraftModel(cfg).state_dict().items()}
+    config = {**asdict(cfg), "fused layers": len(cfg.target_layer_ids)}
+    check_weights(config, expected, weight_shapes(directory / WEIGHTS_NAME))
+    return cfg
+
+
 def load_draft(directory: str | Path, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu") -> tuple[DFlashDraftModel, torch.Tensor | None]:
     """Load config.json + model.safetensors with strict key matching. Returns (model, draft vocab ids or None)."""
     directory = Path(directory)
-    model = DFlashDraftModel(read_draft_config(directory))
+    model = DFlashDraftModel(inspect_draft(directory))
     state = {k.removeprefix("model."): v for k, v in _read_tensors(directory / WEIGHTS_NAME).items()}
     try:
         model.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        raise ModelLoadError(f"draft: checkpoint keys do not match the DFlash layout ({str(exc).splitlines()[0]})") from None
+    except RuntimeError as exc:  # inspect_draft checked names and shapes: what is left, in one line
+        raise ModelLoadError(f"draft: checkpoint does not match the DFlash layout ({' '.join(str(exc).split())})") from None
     vocab = _read_tensors(directory / VOCAB_NAME).get("token_ids") if (directory / VOCAB_NAME).is_file() else None
     if (directory / VOCAB_NAME).is_file() and vocab is None:
         raise ModelLoadError(f"draft: {VOCAB_NAME} has no token_ids tensor")
@@ -341,5 +356,4 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError) as exc:
-        raise ModelLoadError(f"draft: {path.name} is unreadable, truncated or not safetensors "
-                             f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+        raise ModelLoadError(unreadable(path, exc)) from None

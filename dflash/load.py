@@ -18,13 +18,14 @@ from pathlib import Path
 
 import torch
 
-from dflash.draft import CONFIG_NAME, WEIGHTS_NAME, load_draft
+from dflash.draft import CONFIG_NAME, WEIGHTS_NAME, inspect_draft, load_draft
 from dflash.engine import Engine
 from dflash.errors import ModelLoadError, ValidationError
-from dflash.host import HostSettings, env_dtype, env_threads, threads_problem
+from dflash.host import HostSettings, env_dtype, env_probe, env_threads, threads_problem
 from dflash.host import choose as choose_settings
 from dflash.registry import draft_dir_problem, get_preset, looks_like_hub_id
 from dflash.target import Target
+from dflash.verify_dispatch import backend as kernel_backend
 from dflash.zerogpu import zero_gpu
 
 CACHE_DIR = Path(os.environ.get("DFLASH_CACHE", Path.home() / ".cache" / "dflash"))
@@ -307,13 +308,19 @@ def load_engine(preset: str | None = "default", target: str | None = None, draft
         name = Path(target).name or target
     dt = pick_dtype(dtype, dev)
     options = gpu_load_options(dev, dt, quantize, device_map)  # {} on CPU; errors name the option
+    env_probe(), kernel_backend(dev)  # DFLASH_PROBE and DFLASH_KERNELS: their checks, before anything loads
+    draft_dir = resolve_draft_dir(draft) if draft and not no_draft else None
+    draft_cfg = inspect_draft(draft_dir) if draft_dir else None  # config.json against its weights' shapes: at once
     t0 = time.perf_counter()
     model, tokenizer = load_target_model(target, **options)
     info = {"target": target, "target_load_s": time.perf_counter() - t0}
     dmodel = vocab = None
-    if draft and not no_draft:
+    if draft_dir:
         t0 = time.perf_counter()
-        dmodel, vocab = load_draft(resolve_draft_dir(draft))
+        # Against the target before the draft's tensors are allocated (its vocabulary: Engine checks it).
+        draft_cfg.check_fits(model.config.hidden_size, model.config.num_hidden_layers,
+                             model.get_output_embeddings().weight.shape[0], None)
+        dmodel, vocab = load_draft(draft_dir)
         info.update(draft=draft, draft_load_s=time.perf_counter() - t0)
     tgt, host = _cpu_target(model, tokenizer, name, target, dev, dtype, threads, dmodel)
     tgt = tgt or Target(model, tokenizer, name=name, device=dev, dtype=dt)

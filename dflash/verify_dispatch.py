@@ -30,6 +30,7 @@ from collections.abc import Callable
 import torch
 
 from dflash import verify
+from dflash.errors import ValidationError
 from dflash.verify import Outcome, check_draft_ids
 
 MODES = ("auto", "triton", "reference")
@@ -50,26 +51,29 @@ def triton_importable() -> bool:
 def mode() -> str:
     value = os.environ.get("DFLASH_KERNELS", "auto").strip().lower() or "auto"
     if value not in MODES:
-        raise ValueError(f"DFLASH_KERNELS must be one of {', '.join(MODES)}, got {value!r}")
+        raise ValidationError("DFLASH_KERNELS", f"must be one of {', '.join(MODES)}, got {value!r}")
     return value
 
 
 def backend(device: torch.device | str) -> str:
-    """'triton' or 'reference' for tensors on `device`, following DFLASH_KERNELS (see the module doc)."""
+    """'triton' or 'reference' for tensors on `device`, following DFLASH_KERNELS (see the module doc). The one check
+    of that variable: `dflash.load.load_engine` calls it for the engine's device before anything loads, so a value
+    this machine cannot honour is a ValidationError naming DFLASH_KERNELS at start, not at every verification."""
     device = torch.device(device)
     chosen = mode()
     if chosen == "reference":
         return "reference"
     if not triton_importable():
         if chosen == "triton":
-            raise RuntimeError("DFLASH_KERNELS=triton but triton cannot be imported (pip install triton)")
+            raise ValidationError("DFLASH_KERNELS", "triton, but triton cannot be imported (pip install triton)")
         return "reference"
     if device.type == "cuda" and torch.cuda.is_available():
         return "triton"
     if chosen == "triton":
         if os.environ.get("TRITON_INTERPRET") == "1":
             return "triton"
-        raise RuntimeError(f"DFLASH_KERNELS=triton on {device.type} tensors needs TRITON_INTERPRET=1")
+        raise ValidationError("DFLASH_KERNELS", f"triton on a {device.type} device needs TRITON_INTERPRET=1 (Triton's "
+                                                "interpreter, slow); use auto or reference")
     return "reference"
 
 

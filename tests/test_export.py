@@ -108,7 +108,7 @@ def test_bad_options_get_one_line_naming_the_option(tiny, tmp_path):
         (["--draft", str(root), "--for", "sglang", "--out", str(tmp_path / "d")], "--draft: no config.json"),
         (["--draft", draft, "--for", "sglang", "--out", str(full)], "--out: "),
         (["--draft", draft, "--for", "vllm", "--target", str(wide), "--out", str(tmp_path / "e")],
-         "--draft: hidden size 64 does not match the target's 96: not a draft for"),
+         "--draft: hidden_size 64 does not match the target's hidden_size 96: not a draft for"),
         (["--draft", draft, "--for", "vllm", "--target", str(tmp_path / "nowhere"), "--out", str(tmp_path / "f")],
          "--target: "),
         (["--draft", str(last), "--for", "full-head", "--out", str(tmp_path / "h")],
@@ -136,6 +136,19 @@ def test_a_truncated_draft_is_one_line_naming_draft(tiny, tmp_path):
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip().splitlines() == [done.stderr.strip()] and done.stderr.startswith(
         f"error: --draft: {WEIGHTS_NAME} is unreadable"), done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_draft_with_an_absurd_size_is_one_line_naming_the_field(tiny, tmp_path):
+    """hidden_size 1e9 was torch's "Storage size calculation overflowed" traceback."""
+    draft = tmp_path / "draft"
+    shutil.copytree(tiny[0] / "draft", draft)
+    config = json.loads((draft / CONFIG_NAME).read_text())
+    (draft / CONFIG_NAME).write_text(json.dumps({**config, "hidden_size": 10**9}))
+    done = export("--draft", str(draft), "--for", "full-head", "--out", str(tmp_path / "out"))
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "error: --draft: config.json is not a valid DFlash draft config: hidden_size is 1000000000; expected a whole "
+        "number in [1, 65536]"], done.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -353,7 +353,7 @@ def test_dispatch_falls_back_without_triton_or_cuda(monkeypatch):
     monkeypatch.setattr(dispatch, "triton_importable", lambda: False)  # CUDA but no Triton
     assert dispatch.backend("cuda") == "reference"
     monkeypatch.setenv("DFLASH_KERNELS", "triton")
-    with pytest.raises(RuntimeError, match="triton cannot be imported"):
+    with pytest.raises(ValueError, match="DFLASH_KERNELS: triton, but triton cannot be imported"):
         dispatch.backend("cuda")
     monkeypatch.setenv("DFLASH_KERNELS", "auto")
     monkeypatch.setattr(dispatch, "triton_importable", lambda: True)

@@ -122,6 +122,26 @@ def test_a_draft_made_for_another_target_is_refused_before_serving(tmp_path):
     assert_draft_error(serve("--draft", str(draft)), "config.json is not a valid DFlash draft config: no 'hidden_size' entry")
 
 
+def test_a_draft_with_absurd_sizes_is_refused_before_anything_loads(tmp_path):
+    """hidden_size 16384 and intermediate_size 131072 in the shipped draft's config.json: the target loaded, then
+    25 GB were allocated for the draft. Now one line, before the target loads, with the address space capped."""
+    from tests.cli_support import capped_memory
+
+    draft = copy_of_the_shipped_draft(tmp_path / "huge", hidden_size=16384, intermediate_size=131072)
+    proc = subprocess.run([sys.executable, "app.py", "--draft", str(draft), "--port", str(free_port())], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=120, preexec_fn=capped_memory(12))
+    assert_draft_error(proc, "config.json has hidden_size 16384, but model.safetensors holds a draft with hidden_size 576")
+    assert "target_load" not in proc.stderr and "Loading weights" not in proc.stderr
+
+
+def test_a_bad_dflash_kernels_stops_the_start_in_one_line():
+    """Was accepted: the playground served, and every Generate ended in "generation failed (ValueError)"."""
+    proc = serve("--port", str(free_port()), env={**ENV, "DFLASH_KERNELS": "cuda"})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "dflash-playground: DFLASH_KERNELS: must be one of auto, triton, reference, got 'cuda'"), proc.stderr
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
