@@ -1,4 +1,4 @@
-"""`python -m dflash train data|data-tf|fit|eval` — the draft training pipeline."""
+"""`python -m dflash train data|data-tf|fit|eval|diagnose` — the draft training pipeline."""
 
 from __future__ import annotations
 
@@ -30,6 +30,30 @@ def cmd_data_tf(args: argparse.Namespace) -> int:
 
     run_teacher_forced(cfg)
     return 0
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    import sys
+
+    from dflash.training.diagnose import DiagnoseConfig, run_diagnose, summary_lines
+
+    cfg = DiagnoseConfig(**{f.name: getattr(args, f.name) for f in fields(DiagnoseConfig)})
+    for line in summary_lines(run_diagnose(cfg)):
+        print(line, file=sys.stderr)
+    return 0
+
+
+def add_diagnose(stages, helped: dict) -> None:
+    g = stages.add_parser("diagnose", help="what limits the draft: baselines, per-slot accuracy, a probe pair", **helped)
+    g.add_argument("--data", required=True, help="data directories (comma-separated) made by train data / data-tf")
+    g.add_argument("--draft", required=True, help="the draft directory to measure (its layers select the features)")
+    g.add_argument("--out", required=True, help="the JSON result file")
+    g.add_argument("--holdout-shards", type=int, default=4, help="the last N shards of each data directory are held out")
+    g.add_argument("--probe-steps", type=int, default=600, help="training steps of each probe")
+    g.add_argument("--probe-seqs", type=int, default=8, help="sequences per probe step (64 anchors each)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the probes' initialisation and batches")
+    g.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's)")
+    g.set_defaults(func=cmd_diagnose, _parser=g)
 
 
 def add_parser(sub) -> None:
@@ -71,4 +95,5 @@ def add_parser(sub) -> None:
     from dflash.training.fit_cli import add_stages  # fit/eval: their own module (the trainer's options)
 
     add_stages(stages)
+    add_diagnose(stages, helped)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")

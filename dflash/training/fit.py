@@ -215,33 +215,14 @@ class Trainer:
                 **{k: v / max(n, 1) for k, v in metrics.items()}}
 
     @torch.no_grad()
-    def evaluate(self, max_seqs: int = 64) -> dict:
-        """Teacher-forced accuracy per block position on held-out sequences (fixed anchors, fully masked)."""
+    def evaluate(self) -> dict:
+        """Teacher-forced accuracy per block slot on every held-out anchor (`diagnose.slot_accuracy`): unconditional
+        (`slot_acc`) and as an accepted prefix (`prefix_acc`, whose sum + 1 is `tau_tf`)."""
+        from dflash.training.diagnose import DraftSlots, slot_accuracy
+
         self.draft.eval()
-        seqs = self.corpus.heldout[:max_seqs] or self.corpus.train[:max_seqs]
-        b = self.cfg.block_size
-        hits, total = torch.zeros(b - 1), 0
-        gen = torch.Generator().manual_seed(12345)
-        for seq in seqs:
-            ids, T = seq["ids"], seq["ids"].shape[0]
-            anchors = sample_anchors(seq["prompt_len"], T, b, 8, gen)
-            if anchors.numel() == 0:
-                continue
-            pos = anchors[:, None] + torch.arange(b)[None, :]
-            inputs = ids[pos].clone()
-            inputs[:, 1:] = self.cfg.mask_token_id
-            hidden = self.draft(self.embed[inputs.flatten()][None], pos.flatten(),
-                                self.draft.context_kv(seq["feats"].float()[None], torch.arange(T)),
-                                block_attention_mask(anchors, T, b)[None, None])[0].view(len(anchors), b, -1)
-            pred = self.vocab[(hidden[:, 1:] @ self.head.T).argmax(-1)]  # [nb, b-1]
-            hit = pred == seq["labels"][pos][:, 1:]
-            if self.cfg.onpolicy_blocks:  # teacher-forced labels past a disagreement are not the target's path: stop
-                hit &= on_policy_prefix(ids[pos] == seq["labels"][pos])[:, 1:]
-            ok = hit.float().cumprod(-1)  # accepted-prefix indicator per position
-            hits += ok.sum(0)
-            total += len(anchors)
-        acc = (hits / max(total, 1)).tolist()
-        return {"prefix_acc": acc, "tau_tf": 1.0 + sum(acc)}
+        slots = DraftSlots(self.draft, self.embed, self.lm_head, self.vocab)
+        return slot_accuracy(slots, self.corpus.heldout or self.corpus.train[:64])
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def save(self) -> None:
