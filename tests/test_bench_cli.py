@@ -1,6 +1,7 @@
-"""`python -m dflash bench` through a subprocess, as a user runs it: options are checked before any model loads,
-every prompt before the first is measured, a resumed file keeps one set of conditions, and the result records what
-each method ran with."""
+"""`python -m dflash bench`: options are checked before any model loads, every prompt before the first is measured,
+a resumed file keeps one set of conditions, and the result records what each method ran with. A run and Ctrl-C go
+through a subprocess, as a user runs them, and so do the checks made before torch is imported; the rest through
+`main(argv)` in this process."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from conftest import tiny_draft, tiny_target
 from dflash.draft import save_draft
-from tests.cli_support import interruptible
+from tests.cli_support import interruptible, run_main
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -39,12 +40,24 @@ def write_jsonl(path: Path, prompts: list[list[int]]) -> Path:
     return path
 
 
-def bench(d: Path, out: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    """`python -m dflash bench` on the tiny models: 4 new tokens, no warm-up, one thread (given options win)."""
-    args = ["--target", str(d / "target"), "--draft", str(d / "draft"), "--prompts", str(d / "prompts.jsonl"),
+def bench_argv(d: Path, out: Path, *extra: str) -> list[str]:
+    """`bench` on the tiny models: 4 new tokens, no warm-up, one thread (given options win)."""
+    return ["bench", "--target", str(d / "target"), "--draft", str(d / "draft"), "--prompts", str(d / "prompts.jsonl"),
             "--max-new-tokens", "4", "--no-warmup", "--no-progress", "--threads", "1", "--output", str(out), *extra]
-    return subprocess.run([sys.executable, "-m", "dflash", "bench", *args], cwd=ROOT, env=ENV, capture_output=True,
-                          text=True, timeout=timeout)
+
+
+def bench_process(d: Path, out: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """`python -m dflash bench …` in a subprocess, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "dflash", *bench_argv(d, out, *extra)], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def bench(capsys):
+    """`bench(d, out, *extra)`: the same command through `main(argv)` in this process (no fresh interpreter)."""
+    from dflash.cli import main
+
+    return lambda d, out, *extra: run_main(main, bench_argv(d, out, *extra), capsys)
 
 
 def assert_option_error(proc: subprocess.CompletedProcess, *words: str) -> str:
@@ -60,17 +73,17 @@ def assert_option_error(proc: subprocess.CompletedProcess, *words: str) -> str:
 
 
 # -- dflash-lookup's n-gram ------------------------------------------------------------------------------------------
-def test_the_result_records_the_ngram_dflash_lookup_ran_with(models, tmp_path):
+def test_the_result_records_the_ngram_dflash_lookup_ran_with(models, tmp_path):  # a subprocess: the entry point
     """Without --lookup-ngram, dflash-lookup copies with 2-grams: the result says 2 (it used to say 0, "off"), and
     the request, which every method shares, holds no n-gram (ar and dflash never copy)."""
     out = tmp_path / "r.json"
-    proc = bench(models, out, "--methods", "ar,dflash-lookup", "--limit", "1")
+    proc = bench_process(models, out, "--methods", "ar,dflash-lookup", "--limit", "1")
     assert proc.returncode == 0, proc.stderr
     cfg = json.loads(out.read_text())["config"]
     assert cfg["lookup_ngram"] == 2 and "lookup_ngram" not in cfg["request"]
 
 
-def test_lookup_ngram_without_dflash_lookup_is_refused(models, tmp_path):
+def test_lookup_ngram_without_dflash_lookup_is_refused(models, tmp_path, bench):
     """dflash never copies, so `--lookup-ngram 3 --methods ar,dflash` would measure nothing it says: refused before
     any model loads; so is 0 (dflash-lookup always copies: 0 used to mean 2 here)."""
     out = tmp_path / "r.json"
@@ -94,10 +107,11 @@ def test_bench_help_says_what_lookup_ngram_means_here():
 # -- --resume ---------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def measured(models, tmp_path_factory):
-    """A complete 2-prompt ar result to cut back into an interrupted one."""
+    """A complete 2-prompt ar result to cut back into an interrupted one (measured in this process)."""
+    from dflash.cli import main
+
     out = tmp_path_factory.mktemp("measured") / "r.json"
-    proc = bench(models, out, "--methods", "ar")
-    assert proc.returncode == 0, proc.stderr
+    assert main(bench_argv(models, out, "--methods", "ar")) == 0  # (--threads 1: the session's own count, conftest)
     return json.loads(out.read_text())
 
 
@@ -118,14 +132,14 @@ def interrupted(measured: dict, path: Path, edit=None) -> dict:
     pytest.param(None, ["--threads", "2"], ["machine.torch_threads"],  # the same file continued with other threads
                  marks=pytest.mark.skipif(__import__("os").cpu_count() < 2, reason="needs 2 cores")),
 ])
-def test_resume_refuses_other_conditions_naming_them(models, measured, tmp_path, edit, extra, named):
+def test_resume_refuses_other_conditions_naming_them(models, measured, tmp_path, bench, edit, extra, named):
     out = tmp_path / "r.json"
     before = interrupted(measured, out, edit)
     line = assert_option_error(bench(models, out, "--methods", "ar", "--resume", *extra), "--resume", *named)
     assert "--overwrite" in line and json.loads(out.read_text()) == before  # the file left alone
 
 
-def test_resume_keeps_the_original_machine_and_command(models, measured, tmp_path):
+def test_resume_keeps_the_original_machine_and_command(models, measured, tmp_path, bench):
     """The resumed file describes the run that made it (its machine: load average, memory at the start …, its
     command) and records the resume's command line apart. The interrupted file is in the format written before
     `config.lookup_ngram` existed (`request.lookup_ngram`), which still resumes."""
@@ -145,7 +159,7 @@ def test_resume_keeps_the_original_machine_and_command(models, measured, tmp_pat
     assert "--resume" in r["resumed_command"] and "--resume" not in r["command"]
 
 
-def test_resuming_a_complete_result_measures_nothing_and_leaves_it(models, measured, tmp_path):
+def test_resuming_a_complete_result_measures_nothing_and_leaves_it(models, measured, tmp_path, bench):
     """It loaded the models, measured nothing and rewrote the file's finish time, load average and models."""
     out = tmp_path / "r.json"
     out.write_text(json.dumps(measured))
@@ -184,7 +198,7 @@ def test_an_interrupted_run_says_what_it_saved_and_how_to_continue(models, tmp_p
     assert 1 <= saved < 60 and f"{saved} of 60 prompts saved in {out}; the same command with --resume continues it" in err
 
 
-def test_resume_and_overwrite_together_are_refused(models, measured, tmp_path):
+def test_resume_and_overwrite_together_are_refused(models, measured, tmp_path, bench):
     out = tmp_path / "r.json"
     before = interrupted(measured, out)
     proc = bench(models, out, "--methods", "ar", "--resume", "--overwrite")
@@ -193,7 +207,7 @@ def test_resume_and_overwrite_together_are_refused(models, measured, tmp_path):
 
 
 # -- output paths ---------------------------------------------------------------------------------------------------
-def test_a_markdown_path_in_a_missing_folder_is_refused_before_anything_runs(models, tmp_path):
+def test_a_markdown_path_in_a_missing_folder_is_refused_before_anything_runs(models, tmp_path, bench):
     """It used to fail with a traceback after the first prompt, leaving a partial JSON that blocked the corrected
     command."""
     out = tmp_path / "r.json"
@@ -243,7 +257,7 @@ def test_an_output_path_that_is_a_directory_is_refused(tmp_path):
     (json.dumps({"prompt_ids": [1] * (CONTEXT - 8)}), ["line 3", "context budget"]),
     ('{"prompt_ids": [1, 2', ["line 3", "not JSON"]),  # a truncated line (a line that is no object: test_datasets)
 ])
-def test_every_prompt_is_checked_before_the_first_is_measured(models, tmp_path, bad_row, words):
+def test_every_prompt_is_checked_before_the_first_is_measured(models, tmp_path, bench, bad_row, words):
     """A bad second prompt (on line 3: a blank line before it) is named by its line, and nothing is measured or
     written: before, prompt 0 was measured first and the error named no line (or was a JSONDecodeError traceback)."""
     prompts, out = tmp_path / "p.jsonl", tmp_path / "r.json"
@@ -281,23 +295,24 @@ def test_prompt_rows_are_checked_before_any_model_loads(tmp_path, rows, words):
 
 # -- --random-draft -----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("layers", ["0", "9"])
-def test_random_draft_out_of_range_is_refused_before_any_model_loads(models, tmp_path, layers):
+def test_random_draft_out_of_range_is_refused_before_any_model_loads(models, tmp_path, bench, layers):
     """A target that does not exist: the refusal comes before the load. 0 used to be ignored (the trained draft ran
     while the command said --random-draft 0); -1 and 9 were refused only after the target had loaded."""
     proc = bench(models, tmp_path / "r.json", "--target", str(tmp_path / "no-such-target"), "--random-draft", layers)
     assert_option_error(proc, "--random-draft", "[1, 8]")
 
 
-def test_random_draft_replaces_the_draft(models, tmp_path):
+def test_random_draft_replaces_the_draft(models, tmp_path, bench, capsys):
     """--random-draft runs in place of the draft; with --draft or --no-draft too, one of them would be ignored, so the
     pair is refused before any model loads."""
     out = tmp_path / "r.json"
     assert_option_error(bench(models, out, "--random-draft", "1"), "--random-draft", "--draft")
     assert_option_error(bench(models, out, "--random-draft", "1", "--no-draft"), "--random-draft", "--no-draft")
-    args = ["--target", str(models / "target"), "--prompts", str(models / "prompts.jsonl"), "--max-new-tokens", "4",
-            "--no-warmup", "--no-progress", "--threads", "1", "--output", str(out), "--methods", "ar,dflash",
+    from dflash.cli import main
+
+    args = ["bench", "--target", str(models / "target"), "--prompts", str(models / "prompts.jsonl"), "--max-new-tokens",
+            "4", "--no-warmup", "--no-progress", "--threads", "1", "--output", str(out), "--methods", "ar,dflash",
             "--random-draft", "1", "--limit", "1"]
-    proc = subprocess.run([sys.executable, "-m", "dflash", "bench", *args], cwd=ROOT, env=ENV, capture_output=True,
-                          text=True, timeout=240)
+    proc = run_main(main, args, capsys)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text())["models"]["draft"].startswith("RANDOM (1 layers")
