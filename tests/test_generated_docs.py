@@ -5,10 +5,13 @@ reproduces what it wrote, fails here)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 GENERATED = ("README.md", "BENCHMARKS.md", "assets/draft-smollm2-135m/TRAINING.md",
@@ -29,3 +32,40 @@ def test_the_generated_documents_are_what_their_scripts_make_of_the_committed_re
     stale = [name for name in GENERATED if (copy / name).read_text() != (ROOT / name).read_text()]
     assert not stale, f"regenerate {stale}: python scripts/training_report.py && python scripts/benchmarks_headline.py " \
                       "&& python scripts/host_settings.py table && python scripts/gpu_report.py"
+
+
+# -- sizes: documents a newcomer reads through ------------------------------------------------------------------------
+LIMITS = {"README.md": 6_000, "BENCHMARKS.md": 25_000}  # characters, front matter included
+LONGEST_LINE = 400
+LONGEST_README_SENTENCE = 45  # words
+
+
+def prose(markdown: str) -> str:
+    """The text a reader reads as sentences: no front matter, code blocks, tables, headings or comments."""
+    text = re.sub(r"\A---\n.*?\n---\n", "", markdown, flags=re.DOTALL)
+    text = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+    return "\n".join(line for line in text.splitlines() if not line.startswith(("|", "#", "<!--", "![")))
+
+
+@pytest.mark.parametrize("name", sorted(LIMITS))
+def test_the_front_documents_stay_within_their_sizes(name):
+    text = (ROOT / name).read_text(encoding="utf-8")
+    assert len(text) <= LIMITS[name], f"{name}: {len(text):,} characters, over {LIMITS[name]:,}"
+    long = [i for i, line in enumerate(text.splitlines(), 1) if len(line) > LONGEST_LINE]
+    assert not long, f"{name}: lines over {LONGEST_LINE} characters: {long}"
+
+
+def test_no_readme_sentence_runs_over_45_words():
+    blocks = re.split(r"\n\s*\n|\n(?=- |\d+\. )", prose((ROOT / "README.md").read_text(encoding="utf-8")))  # paragraphs, items
+    sentences = [s for b in blocks for s in re.split(r"(?<=[.!?])\s+(?=[A-Z*`(\[])", " ".join(b.split()))]
+    long = [s for s in sentences if len(s.split()) > LONGEST_README_SENTENCE]
+    assert not long, long
+
+
+def test_the_readmes_layout_names_every_top_level_folder_and_dflash_subpackage():
+    layout = (ROOT / "README.md").read_text(encoding="utf-8").split("## Layout", 1)[1].split("```")[1]
+    named = {line.split()[0] for line in layout.splitlines() if line.strip()}
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    folders = {path.split("/")[0] + "/" for path in tracked if "/" in path and not path.startswith(".")}
+    subpackages = {p.parent.name + "/" for p in (ROOT / "dflash").glob("*/__init__.py")}
+    assert folders | {"app.py"} <= named and subpackages <= named, (folders | subpackages) - named
