@@ -198,7 +198,7 @@ def test_a_run_interrupted_between_checkpoints_resumes_to_the_same_log_and_weigh
     with pytest.raises(KeyboardInterrupt):
         first.fit(progress=False)
     Trainer(cfg(data_dir, tmp_path / "b", steps=12)).fit(progress=False)
-    rows = lambda d: [{k: v for k, v in json.loads(x).items() if k != "s_per_step"}  # noqa: E731
+    rows = lambda d: [{k: v for k, v in json.loads(x).items() if k not in ("s_per_step", "positions_per_s")}  # noqa: E731
                       for x in (d / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows(tmp_path / "b")] == list(range(1, 13))  # each step once
     assert rows(tmp_path / "b") == rows(tmp_path / "a")
@@ -396,3 +396,22 @@ def test_ctrl_c_checkpoints_the_interrupted_step_and_the_resume_is_exact(data_di
 
     a, b = (load_file(str(tmp_path / d / "trainer_state.safetensors")) for d in ("a", "b"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_copy_weight_zero_trains_only_the_blocks_the_copy_first_chain_drafts(data_dir, tmp_path):
+    from dataclasses import replace
+
+    from dflash.lookup import find
+    from dflash.training.objective import sample_anchors
+
+    every = Trainer(replace(cfg(data_dir, tmp_path / "a", 2), copy_ngram=1, anchors_per_seq=64))
+    drafted = Trainer(replace(cfg(data_dir, tmp_path / "b", 2), copy_ngram=1, anchors_per_seq=64, copy_weight=0.0))
+    for seq in drafted.corpus.train:
+        flags = drafted.copyable(seq)
+        assert flags.tolist() == [find(seq.ids[: a + 1].tolist(), 1) is not None for a in range(len(seq))]
+    anchors = lambda s: sample_anchors(s.prompt_len, len(s), 4, 64, torch.Generator().manual_seed(7))  # noqa: E731
+    # a sequence with blocks of both kinds (a repeated token and a fresh one among its anchors)
+    seq = next(s for s in drafted.corpus.train if 0 < int(drafted.copyable(s)[anchors(s)].sum()) < len(anchors(s)))
+    _, m_every = every.seq_loss(seq, torch.Generator().manual_seed(7), 0.0)
+    _, m_drafted = drafted.seq_loss(seq, torch.Generator().manual_seed(7), 0.0)
+    assert 0 < m_drafted["positions"] < m_every["positions"]

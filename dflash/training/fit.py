@@ -19,6 +19,7 @@ import torch
 
 from dflash.draft import DFlashDraftModel, DraftConfig, load_draft, save_draft
 from dflash.errors import ModelLoadError, ValidationError
+from dflash.lookup import NgramIndex
 from dflash.training.corpus import Corpus, frequent_vocab
 from dflash.training.fit_checks import STATE_NAME, check_against_data, check_resume, is_resume, stored_vocab
 from dflash.training.data_config import check_run_out
@@ -94,6 +95,7 @@ class Trainer:
         self.opt = torch.optim.AdamW(self.draft.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
         self.step = 0
         self.log_path = Path(cfg.out) / "train_log.jsonl"
+        self._copyable: dict[int, torch.Tensor] = {}  # id(sequence) → `copyable`
 
     def init_draft(self, final_norm: torch.Tensor) -> tuple[DFlashDraftModel, torch.Tensor | None]:
         """A fresh draft (or the `init_from` draft's weights and vocabulary). Fresh: N(0, 0.02) weights; with
@@ -171,18 +173,32 @@ class Trainer:
         mask = block_attention_mask(anchors, T, b)[None, None]  # [1, 1, nb*b, T + nb*b]
         hidden = self.draft(self.embed[inputs.flatten()][None], pos.flatten(), ctx_kv, mask)[0]  # [nb*b, H]
         sel = masked.flatten()
-        logits = hidden[sel] @ self.head.T  # [N, Vd]
         labels = self.remap[truth.flatten()[sel]]
         valid = labels >= 0  # [N] in the draft vocabulary
         if self.cfg.onpolicy_blocks:
             valid &= on_policy_prefix(ids[pos] == seq["labels"][pos]).flatten()[sel]
         w = self.weights[(offs[None, :].expand(nb, b).flatten()[sel]) - 1]
+        if self.cfg.copy_weight != 1.0:  # blocks the copy-first chain copies instead of drafting
+            per_block = torch.where(self.copyable(seq)[anchors], self.cfg.copy_weight, 1.0)  # [nb]
+            w = w * per_block[:, None].expand(nb, b).flatten()[sel]
+        keep = sel.nonzero().squeeze(-1)[valid & (w > 0)]  # [N'] rows of the head's work: the supervised ones only
+        logits = hidden[keep] @ self.head.T  # [N', Vd]
         teacher = None
-        if self.cfg.kl_weight > 0:
-            prev = pos.flatten()[sel] - 1  # the target's hidden at p-1 predicts the token at p
-            teacher = seq["final"][prev].float() @ self.head.T
-        loss, metrics = weighted_loss(logits, labels, w, valid, teacher, self.cfg.kl_weight)
-        return loss, metrics | {"positions": int(valid.sum())}
+        if self.cfg.kl_weight > 0:  # the target's hidden at p-1 predicts the token at p
+            teacher = seq["final"][pos.flatten()[keep] - 1].float() @ self.head.T
+        kept = valid & (w > 0)
+        loss, metrics = weighted_loss(logits, labels[kept], w[kept], torch.ones_like(labels[kept], dtype=torch.bool),
+                                      teacher, self.cfg.kl_weight)
+        return loss, metrics | {"positions": int(kept.sum())}
+
+    def copyable(self, seq) -> torch.Tensor:
+        """[T] bool: position a ends a copy_ngram seen earlier in the sequence, so the copy-first chain (Request.
+        lookup_ngram = copy_ngram) copies the block anchored there. Computed once per sequence."""
+        key = id(seq)
+        if key not in self._copyable:
+            ids, index = seq["ids"].tolist(), NgramIndex(self.cfg.copy_ngram)
+            self._copyable[key] = torch.tensor([index.find(ids[: a + 1]) is not None for a in range(len(ids))])
+        return self._copyable[key]
 
     def batch_generator(self, step: int) -> torch.Generator:
         return torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step)  # same batches after a resume
@@ -306,8 +322,11 @@ class Trainer:
             while self.step < (self.cfg.stop_at or self.cfg.steps):
                 if ctrl_c.is_set():
                     self.stop_here(start)
+                ts = time.time()
                 m = self.train_step()
+                # Timings (not compared by a resume): the run's mean step, and this step's supervised positions per second.
                 m["s_per_step"] = (time.time() - t0) / (self.step - start)
+                m["positions_per_s"] = round(m["positions"] / max(time.time() - ts, 1e-9), 1)
                 bar.update(1)
                 bar.set_postfix(loss=f"{m['loss']:.3f}", acc=f"{m['acc']:.3f}", spb=f"{m['s_per_step']:.2f}")
                 if self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps:

@@ -39,6 +39,9 @@ FIT_HELP = {
     "onpolicy_blocks": "1: supervise teacher-forced blocks only along the target's own path",
     "stop_at": "stop after this step (<= --steps; the schedule stays that of --steps); 0: at --steps",
     "snapshot_base": "keep the draft at steps base*2^k (log-spaced); 0: off",
+    "copy_weight": "loss weight of blocks whose anchor ends a --copy-ngram seen before, which the copy-first chain "
+                   "proposes by copying (0: train only on the blocks the chain hands to the draft)",
+    "copy_ngram": "the n-gram length of --copy-weight (the chain's --lookup-ngram)",
 }
 
 

@@ -41,6 +41,8 @@ class FitConfig:
     residual_init: str = "normal"  # "zero": o_proj/down_proj start at 0 (step 0 output = the normed block embedding)
     onpolicy_blocks: int = 1  # 1: supervise a teacher-forced block only along the target's own path (objective.py)
     stop_at: int = 0  # stop after this step (checkpoint saved; the schedule is still that of `steps`); 0: at `steps`
+    copy_weight: float = 1.0  # loss weight of blocks whose anchor ends an n-gram seen before (the chain copies those)
+    copy_ngram: int = 2  # the n of copy_weight: Request.lookup_ngram of the chain the draft is trained for
     snapshot_base: int = 250  # keep a copy of the draft at steps base·2^k (log-spaced points of the τ curve); 0: off
 
     def __post_init__(self) -> None:
@@ -52,11 +54,12 @@ class FitConfig:
         for name, lo in (("layers", 1), ("block_size", 2), ("steps", 1), ("seqs_per_step", 1), ("anchors_per_seq", 1),
                          ("ckpt_every", 1), ("eval_every", 1), ("draft_vocab", 0), ("mask_token_id", 0),
                          ("intermediate_size", 0), ("seed", 0), ("holdout_shards", 0), ("threads", 0), ("stop_at", 0),
-                         ("snapshot_base", 0)):
+                         ("snapshot_base", 0), ("copy_ngram", 1)):
             if getattr(self, name) < lo:
                 raise ValidationError(option(name), f"must be >= {lo}, got {getattr(self, name)}")
         for name, lo, hi in (("gamma", 0.0, None), ("lr", None, None), ("weight_decay", 0.0, None), ("clip", None, None),
-                             ("kl_weight", 0.0, None), ("partial_prob", 0.0, 1.0), ("data_fraction", None, 1.0)):
+                             ("kl_weight", 0.0, None), ("partial_prob", 0.0, 1.0), ("data_fraction", None, 1.0),
+                             ("copy_weight", 0.0, None)):
             _check_float(name, getattr(self, name), lo, hi)
         if self.stop_at > self.steps:  # the steps past --steps would run at learning rate 0
             raise ValidationError("--stop-at", f"must be <= --steps ({self.steps}), got {self.stop_at}")
