@@ -194,6 +194,9 @@ def read_cached(path: Path, key: str) -> HostSettings | None:
         found = HostSettings(**{**entry, "source": "cache"}) if isinstance(entry, dict) else None
     except (OSError, ValueError, TypeError, AttributeError):
         return None  # missing, unreadable, not a table or from another version: probe again
+    if found and (problem := threads_problem(found.threads)):  # an edited entry: 2**80 overflowed torch's int
+        log.warning("the cached CPU settings do not fit this machine (threads: %s): measuring again", problem)
+        return None
     now = load_per_core()
     if found and found.load_per_core is not None and found.load_per_core >= BUSY_LOAD and now is not None \
             and now < QUIET_LOAD:
@@ -283,6 +286,9 @@ def choose(model: nn.Module, model_id: str, block: int, cache_file: Path, dtype:
     if found is not None:
         return found
     load = load_per_core()  # before the probe's own work
+    # Said at once (a WARNING, so that Python prints it even where no logging is set up: the CLI's first start).
+    # About a second per (dtype, threads) candidate on the default 135M target (four took 2.8 s on a 2-core Xeon).
+    log.warning("measuring this CPU once to choose its settings (~%d s; kept for later starts)…", len(dtypes) * len(counts))
     settings = HostSettings(**probe(model, block, dtypes, counts), source="probe", block=block, machine=machine_key(),
                             load_per_core=load)
     write_cached(cache_file, key, settings)

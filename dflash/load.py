@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import time
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from dflash import target_cache
 from dflash.draft import CONFIG_NAME, WEIGHTS_NAME, inspect_draft, load_draft
 from dflash.engine import Engine
 from dflash.errors import ModelLoadError, ValidationError
@@ -29,6 +31,7 @@ from dflash.verify_dispatch import backend as kernel_backend
 from dflash.zerogpu import zero_gpu
 
 CACHE_DIR = Path(os.environ.get("DFLASH_CACHE", Path.home() / ".cache" / "dflash"))
+log = logging.getLogger("dflash")
 
 
 def pick_device(device: str | torch.device | None = None) -> torch.device:
@@ -100,8 +103,12 @@ def _load_gguf(spec: str, **gpu):
 
     directory, filename = _gguf_location(spec)
     cached = CACHE_DIR / "targets" / Path(filename).stem
-    if (cached / "model.safetensors").is_file() and (cached / "tokenizer.json").is_file():
+    damage = target_cache.problem(cached)
+    if damage is None:
         return _load_dir(str(cached), **gpu)
+    if damage:
+        log.warning("the cached copy of %s is damaged (%s): making it again from the GGUF", filename, damage)
+    target_cache.check_writable(CACHE_DIR)  # before the conversion's tens of seconds
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=filename)
     model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename, dtype=torch.float32)
     # save_pretrained refuses GGUF-quantized models; the dequantized float32 weights are plain tensors, so
@@ -109,17 +116,19 @@ def _load_gguf(spec: str, **gpu):
     from safetensors.torch import save_model
 
     tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    config = model.config.to_dict()
-    config.pop("quantization_config", None)
-    (tmp / "config.json").write_text(json.dumps(config, indent=2))
-    model.generation_config.save_pretrained(tmp)
-    save_model(model, str(tmp / "model.safetensors"))
-    tokenizer.save_pretrained(tmp)
-    if cached.exists():
-        shutil.rmtree(tmp)
-    else:
-        tmp.replace(cached)
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        model.generation_config.save_pretrained(tmp)
+        save_model(model, str(tmp / "model.safetensors"))
+        tokenizer.save_pretrained(tmp)
+        target_cache.install(tmp, cached)
+    except OSError as exc:  # a disk that fills during the write
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ValidationError("DFLASH_CACHE", f"writing the target's copy to {CACHE_DIR} failed "
+                                              f"({exc.strerror or exc})") from None
     # Always load back from the copy: a model fresh from GGUF still carries transformers' GGUF quantizer marker,
     # which would make this first start differ from every later one (no dtype cast, no CPU fast paths).
     del model

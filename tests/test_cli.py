@@ -335,6 +335,28 @@ def test_the_host_settings_are_probed_once_then_read_back(models, tmp_path, here
     assert "Traceback" not in bad.stderr
 
 
+def test_cached_host_settings_that_do_not_fit_this_machine_are_measured_again(models, tmp_path):
+    """threads 2**80 in host-settings.json was "ValueError: Overflow when unpacking long long" at every start; 64 on
+    a 2-core machine was used silently (time to first token 61 -> 267 ms)."""
+    from dataclasses import asdict
+
+    from dflash import host
+
+    env = {**ENV, "DFLASH_CACHE": str(tmp_path)}
+    run = ["--target", str(models / "target"), "--draft", str(models / "draft"), "--prompt-ids", "5,6,7",
+           "--max-new-tokens", "4", "--json", "--dtype", "float32", "--threads", "1"]
+    key = host.cache_key(str(models / "target"), 4, ["float32"], [1])  # the entry the command reads
+    entry = asdict(host.HostSettings(dtype="float32", threads=1, layout="linear", source="probe", block=4,
+                                     machine=host.machine_key()))
+    for threads in (2**80, host.usable_cores() * 32):
+        (tmp_path / "host-settings.json").write_text(json.dumps({key: {**entry, "threads": threads}}))
+        proc = generate(*run, env=env)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert json.loads(proc.stdout)["settings"]["source"] == "probe", proc.stderr
+        assert f"the cached CPU settings do not fit this machine (threads: must be in [1, {host.usable_cores()}]" \
+               in proc.stderr
+
+
 def test_lookup_ngram_copies_from_the_context_without_changing_the_output(models, tmp_path, here):
     """--lookup-ngram N: blocks whose anchor ends an N-gram seen before are copied (the trace says which), the output
     equals the no-draft run's; an N out of range is a one-line error naming it."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -81,7 +82,8 @@ def test_a_broken_cache_file_means_a_new_probe_not_a_failed_start(tmp_path):
 
 
 @pytest.mark.parametrize("edit", [{"threads": "2"}, {"threads": 0}, {"dtype": "int8"}, {"layout": "diagonal"},
-                                  {"float32_from_rows": 1.5}, {"candidates": "none"}])
+                                  {"float32_from_rows": 1.5}, {"candidates": "none"},
+                                  {"threads": 2**80}, {"threads": host.usable_cores() + 1}])  # not for this machine
 def test_a_cached_choice_with_a_wrong_value_means_a_new_probe(tmp_path, edit):
     """A cache entry is rebuilt from JSON a person may edit: threads "2" used to reach torch.set_num_threads."""
     model, path = tiny_target("llama", seed=0).model, tmp_path / "settings.json"
@@ -263,3 +265,17 @@ def test_the_cache_keeps_this_machines_newest_choices(tmp_path):
     assert host.read_cached(path, "k7") is None
     host.write_cached(path, "k", mine)
     assert list(json.loads(path.read_text())) == ["k"]
+
+
+def test_a_probe_says_so_on_stderr_once_and_a_cached_start_says_nothing(tmp_path):
+    """A first start measures the CPU before anything else shows: one line says so on stderr (Python prints a
+    warning without any logging set up, as in the CLI); a start that reads the cached choice is silent."""
+    code = ("import sys; from pathlib import Path; from tests.conftest import tiny_target; from dflash import host; "
+            "host.choose(tiny_target('llama', seed=0).model, 'tiny', 4, Path(sys.argv[1]))")
+    root = Path(__file__).resolve().parents[1]
+    runs = [subprocess.run([sys.executable, "-c", code, str(tmp_path / "s.json")], cwd=root, capture_output=True,
+                           text=True, timeout=300, check=True) for _ in range(2)]
+    said = [line for line in runs[0].stderr.splitlines() if "measuring this CPU once" in line]
+    assert len(said) == 1 and re.fullmatch(r"measuring this CPU once to choose its settings \(~\d+ s; kept for later "
+                                           r"starts\)…", said[0])
+    assert "measuring" not in runs[1].stderr
