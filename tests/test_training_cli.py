@@ -1,4 +1,6 @@
-"""`python -m dflash train …` through a subprocess: bad options get one line naming the option, exit status 2."""
+"""`python -m dflash train …`: bad options get one line naming the option, exit status 2. Checks made before torch is
+imported, --help and one evaluation go through a subprocess, as a user runs them; the rest through `main(argv)` in
+this process."""
 
 import json
 import os
@@ -10,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_support import assert_option_error
+from tests.cli_support import assert_option_error, run_main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,10 +27,19 @@ def test_a_bad_prompt_token_range_names_the_option_and_writes_nothing(tmp_path, 
     assert not out.exists()
 
 
-def train(*args: str) -> subprocess.CompletedProcess:
+def train_process(*args: str) -> subprocess.CompletedProcess:
+    """`python -m dflash train …` in a subprocess, as a user runs it."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "dflash", "train", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
+
+
+@pytest.fixture
+def train(capsys):
+    """`train(*args)`: the same command through `main(argv)` in this process (no fresh interpreter)."""
+    from dflash.cli import main
+
+    return lambda *args: run_main(main, ["train", *args], capsys)
 
 
 # A target or draft that does not exist: an option checked after the model loads would fail on the model instead.
@@ -49,7 +60,7 @@ NO_DRAFT = ["--draft", "no-such-owner/no-such-draft"]
     (["data-tf", "--target", "/nonexistent/model"], "--target"),  # said "error: target: …"
     (["data", "--target", "/nonexistent/model"], "--target"),
 ])
-def test_bad_data_options_name_the_option_before_the_target_loads(tmp_path, args, option):
+def test_bad_data_options_name_the_option_before_the_target_loads(tmp_path, train, args, option):
     out = tmp_path / "data"
     assert_option_error(train(*args, "--out", str(out)), option)
     assert not out.exists()
@@ -70,7 +81,7 @@ def test_bad_data_options_name_the_option_before_the_target_loads(tmp_path, args
     (["--draft-vocab", "300"], "--draft-vocab"),  # above the target's 256 tokens
     (["--draft-vocab", "1"], "--draft-vocab"),  # the stop id alone
 ])
-def test_bad_fit_options_name_the_option_before_the_target_loads(data_dir, tmp_path, args, option):
+def test_bad_fit_options_name_the_option_before_the_target_loads(data_dir, tmp_path, train, args, option):
     out = tmp_path / "run"
     data = [] if "--data" in args else ["--data", str(data_dir / "data")]
     args = [str(data_dir / "target") if a == "TARGET" else a for a in args]
@@ -103,7 +114,7 @@ def test_data_made_for_another_target_is_refused_before_anything_loads(data_dir,
     assert f"{other} was made for another target" in proc.stderr and "hidden_size 96" in proc.stderr
 
 
-def test_a_layer_missing_in_one_of_several_data_directories_names_that_directory(data_dir, tmp_path):
+def test_a_layer_missing_in_one_of_several_data_directories_names_that_directory(data_dir, tmp_path, train):
     other = tmp_path / "layer-1-only"
     shutil.copytree(data_dir / "data", other)
     meta = json.loads((other / "meta.json").read_text())
@@ -114,7 +125,7 @@ def test_a_layer_missing_in_one_of_several_data_directories_names_that_directory
 
 
 @pytest.mark.parametrize("stage", ["fit", "data", "data-tf"])
-def test_an_out_that_is_a_file_is_refused_before_the_target_loads(data_dir, tmp_path, stage):
+def test_an_out_that_is_a_file_is_refused_before_the_target_loads(data_dir, tmp_path, train, stage):
     """It was a FileExistsError traceback once the target had loaded."""
     out = tmp_path / "a-file"
     out.write_text("keep me")
@@ -124,7 +135,7 @@ def test_an_out_that_is_a_file_is_refused_before_the_target_loads(data_dir, tmp_
     assert out.read_text() == "keep me"
 
 
-def test_fit_and_data_refuse_each_others_directories_and_unrelated_ones(data_dir, tmp_path):
+def test_fit_and_data_refuse_each_others_directories_and_unrelated_ones(data_dir, tmp_path, train):
     """--data and --out mixed up: fit wrote its run into the data directory (which then read as a draft too), and
     data-tf its shards into a run's; a directory of other files was written into as well."""
     data = data_dir / "data"
@@ -171,7 +182,7 @@ def test_fit_help_shows_every_options_meaning_and_default():
         if action.dest in ("help", "data", "out", "layer_ids"):  # required, or no FitConfig default (the z-lab rule)
             continue
         assert action.help and "(default: " in action.help, action.option_strings
-    text = " ".join(train("fit", "--help").stdout.split())
+    text = " ".join(train_process("fit", "--help").stdout.split())
     assert "--layers LAYERS the draft's depth" in text and "(default: 2000)" in text
     assert "--draft-vocab DRAFT_VOCAB draft vocabulary" in text
 
@@ -184,13 +195,14 @@ def test_data_and_eval_help_show_every_options_meaning_and_default(stage):
     parser = build_parser()._subparsers._group_actions[0].choices["train"]._subparsers._group_actions[0].choices[stage]
     for action in parser._actions:
         assert action.help, action.option_strings
-    text = " ".join(train(stage, "--help").stdout.split())
+    text = " ".join(train_process(stage, "--help").stdout.split())
     assert {"data": "--prompts PROMPTS number of training prompts: the size of the run (default: 2000)",
             "data-tf": "--conversations CONVERSATIONS ShareGPT conversations read: the size of the run (default: 4000)",
             "eval": "--limit LIMIT first N prompts of the set (>= 1) (default: 20)"}[stage] in text
 
 
-def test_a_draft_directory_that_is_no_draft_and_a_block_above_the_drafts_are_refused_before_the_target_loads(data_dir, tmp_path):
+def test_a_draft_directory_that_is_no_draft_and_a_block_above_the_drafts_are_refused_before_the_target_loads(data_dir, tmp_path,
+                                                                                                              train):
     from conftest import tiny_draft, tiny_target
     from dflash.draft import save_draft
 
@@ -211,7 +223,7 @@ def test_a_draft_directory_that_is_no_draft_and_a_block_above_the_drafts_are_ref
     (["--output", "/nonexistent/dir/eval.json"], "--output"),
     (["--block-size", "1"], "--block-size"),  # drafts nothing
 ])
-def test_bad_eval_options_name_the_option_before_the_models_load(args, option):
+def test_bad_eval_options_name_the_option_before_the_models_load(train, args, option):
     assert_option_error(train("eval", *NO_DRAFT, *args), option)
 
 
@@ -262,7 +274,7 @@ def shipped_draft() -> Path:
     return DEFAULT_DRAFT_DIR
 
 
-def test_eval_records_the_block_size_it_used(tmp_path):
+def test_eval_records_the_block_size_it_used(tmp_path, train):
     """It wrote "block_size": null when the draft's trained block was used."""
     trained = json.loads((shipped_draft() / "config.json").read_text())["block_size"]
     prompts = tmp_path / "p.jsonl"
@@ -277,7 +289,7 @@ def test_eval_tells_a_person_what_it_measured_and_keeps_stdout_one_json_line(tmp
     shipped_draft()  # the preset's draft, which eval loads
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "Hi"}\n')
-    proc = train("eval", "--prompts", str(prompts), "--max-new-tokens", "4", "--threads", "1")
+    proc = train_process("eval", "--prompts", str(prompts), "--max-new-tokens", "4", "--threads", "1")  # the entry point
     assert proc.returncode == 0, proc.stderr
     [line] = proc.stdout.splitlines()
     out = json.loads(line)
@@ -287,7 +299,7 @@ def test_eval_tells_a_person_what_it_measured_and_keeps_stdout_one_json_line(tmp
     assert "outputs identical to the no-draft run: 1/1" in proc.stderr  # float32: the exact mode
 
 
-def test_eval_of_a_truncated_draft_is_one_line_naming_draft(tmp_path):
+def test_eval_of_a_truncated_draft_is_one_line_naming_draft(tmp_path, train):
     """A draft read while `train fit` wrote it was a SafetensorError traceback."""
     draft = tmp_path / "draft"
     shutil.copytree(shipped_draft(), draft)
