@@ -1,6 +1,7 @@
-"""`python -m dflash train data|data-tf` resumed in an existing --out, through a subprocess as a user runs it: a
-larger count gives exactly the shards a fresh run makes (kept shards of complete sort windows untouched), and
-other settings are refused with one line naming the option, leaving meta.json and the shards as they were."""
+"""`python -m dflash train data|data-tf` resumed in an existing --out: a larger count gives exactly the shards a fresh
+run makes (kept shards of complete sort windows untouched), and other settings are refused with one line naming the
+option, leaving meta.json and the shards as they were. The first data run goes through a subprocess, as a user runs
+it; the rest through `main(argv)` in this process."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.cli_support import assert_option_error
+from tests.cli_support import assert_option_error, run_main
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -46,9 +47,26 @@ def target_dir(tmp_path_factory) -> Path:
     return path
 
 
-def train(*args: str) -> subprocess.CompletedProcess:
+def train_process(*args: str) -> subprocess.CompletedProcess:
+    """`python -m dflash train …` in a subprocess, as a user runs it (one thread)."""
     return subprocess.run([sys.executable, "-m", "dflash", "train", *args, "--threads", "1"], cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=240)
+
+
+def train_here(*args: str) -> int:
+    """The same command through `main(argv)` in this process, for the module's fixtures (its output is left to
+    pytest's capture); `--threads 1` is the session's own count (conftest)."""
+    from dflash.cli import main
+
+    return main(["train", *args, "--threads", "1"])
+
+
+@pytest.fixture
+def train(capsys):
+    """`train(*args)`: the command in this process, read back as a subprocess's result."""
+    from dflash.cli import main
+
+    return lambda *args: run_main(main, ["train", *args, "--threads", "1"], capsys)
 
 
 def shards(out: Path) -> list[dict]:
@@ -85,12 +103,11 @@ def grown(target_dir, tmp_path_factory):
     windows are 32 shards: the first window is complete at 34 prompts, the second is not."""
     tmp = tmp_path_factory.mktemp("grown")
     run = ["data", "--target", str(target_dir), *DATA]
-    first = train(*run, "--out", str(tmp / "resumed"), "--prompts", "34")
+    first = train_process(*run, "--out", str(tmp / "resumed"), "--prompts", "34")  # the entry point
     assert first.returncode == 0, first.stderr
     before = stamps(tmp / "resumed")
-    again = train(*run, "--out", str(tmp / "resumed"), "--prompts", "36")
-    fresh = train(*run, "--out", str(tmp / "fresh"), "--prompts", "36")
-    assert again.returncode == fresh.returncode == 0, again.stderr + fresh.stderr
+    assert train_here(*run, "--out", str(tmp / "resumed"), "--prompts", "36") == 0
+    assert train_here(*run, "--out", str(tmp / "fresh"), "--prompts", "36") == 0
     return tmp, before
 
 
@@ -113,7 +130,7 @@ def test_the_shards_of_complete_sort_windows_are_kept(grown):
     (["--batch-size", "2"], "--batch-size"),
     (["--prompts", "30"], "--prompts"),  # fewer: the later shards would stay in the corpus
 ])
-def test_other_data_settings_are_refused_and_change_nothing(grown, args, option):
+def test_other_data_settings_are_refused_and_change_nothing(grown, train, args, option):
     tmp, _ = grown
     out = tmp / "fresh"
     meta, before = (out / "meta.json").read_text(), stamps(out)
@@ -123,7 +140,7 @@ def test_other_data_settings_are_refused_and_change_nothing(grown, args, option)
     assert (out / "meta.json").read_text() == meta and stamps(out) == before
 
 
-def test_another_target_is_refused_before_it_is_loaded(grown):
+def test_another_target_is_refused_before_it_is_loaded(grown, train):
     out = grown[0] / "fresh"
     meta = (out / "meta.json").read_text()
     proc = train("data", "--target", str(grown[0] / "nowhere"), "--out", str(out), *DATA, "--prompts", "36")
@@ -139,10 +156,8 @@ def grown_tf(target_dir, tmp_path_factory):
     """`train data-tf` with 5 conversations, resumed with 9, and a fresh run with 9 (one partial sort window)."""
     tmp = tmp_path_factory.mktemp("grown-tf")
     run = ["data-tf", "--target", str(target_dir), *TF]
-    first = train(*run, "--out", str(tmp / "resumed"), "--conversations", "5")
-    again = train(*run, "--out", str(tmp / "resumed"), "--conversations", "9")
-    fresh = train(*run, "--out", str(tmp / "fresh"), "--conversations", "9")
-    assert first.returncode == again.returncode == fresh.returncode == 0, first.stderr + again.stderr + fresh.stderr
+    for out, count in (("resumed", "5"), ("resumed", "9"), ("fresh", "9")):
+        assert train_here(*run, "--out", str(tmp / out), "--conversations", count) == 0
     return tmp
 
 
@@ -154,7 +169,7 @@ def test_a_larger_conversation_count_resumes_to_the_shards_of_a_fresh_run(grown_
     (["--layers", "2"], "--layers"),
     (["--max-response-tokens", "7"], "--max-response-tokens"),
 ])
-def test_other_teacher_forced_settings_are_refused_and_change_nothing(grown_tf, target_dir, args, option):
+def test_other_teacher_forced_settings_are_refused_and_change_nothing(grown_tf, target_dir, train, args, option):
     out = grown_tf / "fresh"
     meta, before = (out / "meta.json").read_text(), stamps(out)
     flags = {k: v for k, v in zip(TF[::2], TF[1::2])} | {"--conversations": "9"} | dict(zip(args[::2], args[1::2]))
@@ -163,7 +178,7 @@ def test_other_teacher_forced_settings_are_refused_and_change_nothing(grown_tf, 
     assert (out / "meta.json").read_text() == meta and stamps(out) == before
 
 
-def test_data_into_a_teacher_forced_directory_is_refused(grown_tf, target_dir):
+def test_data_into_a_teacher_forced_directory_is_refused(grown_tf, target_dir, train):
     out = grown_tf / "fresh"
     meta = (out / "meta.json").read_text()
     proc = train("data", "--target", str(target_dir), "--out", str(out), *TF[:2], "--layers", "1,2", "--prompts", "9")
@@ -196,7 +211,7 @@ def test_an_interrupted_regrowth_leaves_no_sequence_in_two_shards(tmp_path):
     assert seqs and len(seqs) == len(set(seqs))
 
 
-def test_a_selection_of_no_sequence_is_refused_and_leaves_no_data_directory(target_dir, tmp_path):
+def test_a_selection_of_no_sequence_is_refused_and_leaves_no_data_directory(target_dir, tmp_path, train):
     """It exited 0 with only meta.json in --out, on which `train fit` then crashed after the target loaded."""
     out = tmp_path / "data"
     proc = train("data-tf", "--target", str(target_dir), "--out", str(out), "--conversations", "1", "--layers", "1,2",
