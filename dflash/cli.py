@@ -67,7 +67,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="1.0 = exact; < 1 relaxed and LOSSY")
     g.add_argument("--lookup-ngram", type=int, default=DEFAULTS["lookup_ngram"], metavar="N",
                    help="copy from the context first: where the last N tokens occurred earlier, propose what followed "
-                        "them instead of running the draft (lossless; 0 = off; 2 is a good start)")
+                        "them instead of running the draft (lossless; 0 = the draft alone, the paper's method)")
     g.add_argument("--deadline", type=float, default=DEFAULTS["deadline_s"],
                    help="wall-clock limit per request, seconds, counted from when it is made: time waiting for the "
                         "engine counts (default: %(default)s)")

@@ -287,8 +287,8 @@ class Engine:
 
         Each proposer of the chain has its own block-size controller: their acceptance differs too much (a copy is
         often right for many tokens, or wrong at once) for one estimate to serve both. A proposer whose smallest
-        block exceeds the largest allowed leaves the chain. Without proposers, blocks of one."""
-        keep = [i for i, p in enumerate(run.chain) if p.min_block <= sizes[2]]
+        block exceeds the request's block size leaves the chain. Without proposers, blocks of one."""
+        keep = [i for i, p in enumerate(run.chain) if p.min_block <= sizes[0]]
         run.chain, run.states = [run.chain[i] for i in keep], [run.states[i] for i in keep]
         controllers = {p.name: make_controller(run.req.adaptive, *(max(s, p.min_block) for s in sizes[:2]), sizes[2])
                        for p in run.chain} or {ev.DRAFT: make_controller(run.req.adaptive, *sizes)}

@@ -23,6 +23,9 @@ MAX_BLOCK_SIZE = 64
 MAX_STEPS = 16
 MAX_SEED = 2**63 - 1
 MAX_NGRAM = 8  # longest n-gram `lookup_ngram` may match on
+# The default chain copies from the context first on bigrams, then drafts: measured faster than the draft alone on
+# every CPU host benchmarked (BENCHMARKS.md; `bench --methods ar,dflash,dflash-lookup` measures it on yours).
+CHAIN_NGRAM = 2
 MAX_DEADLINE_S = 86_400.0  # a day: the longest deadline_s a request may set
 VERIFY_RULES = ("match", "rejection")
 # A temperature below this is greedy (stored as 0.0), as in vLLM: logits / T can overflow float32 there (logits / 1e-38
@@ -83,7 +86,8 @@ class Request:
     stop_ids: tuple[int, ...] = ()
     # > 0: copy from the context first (dflash.lookup): a block whose anchor ends an n-gram of this length seen
     # earlier proposes the tokens that followed it, without running the draft model. Lossless; draft runs only.
-    lookup_ngram: int = 0
+    # 0: the draft alone (the paper's method).
+    lookup_ngram: int = CHAIN_NGRAM
 
     def __post_init__(self) -> None:
         self._check_prompt()

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         engine, _ = load_engine("default", no_draft=True)
         draft_words, note = "random untrained draft", UNTRAINED_NOTE
-    base = dict(max_new_tokens=args.tokens, deadline_s=None)
+    base = dict(max_new_tokens=args.tokens, deadline_s=None, lookup_ngram=0)  # the draft alone, unless a trace says
     # 1. Prose: the trained draft, or (without it) the target alone — the autoregressive baseline.
     if trained and "prose" in only:
         record(engine, Request(prompt=prompts["Prose"], **base),
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                 "draft": draft_words, "note": note}, out / "maths.json")
     # 4. Copy: copying from the context first (lookup_ngram=2) on the code prompt, whose answer repeats its names.
     if "copy" in only:
-        record(engine, Request(prompt=prompts["Code"], block_size=8, adaptive="fixed", lookup_ngram=2, **base),
+        record(engine, Request(prompt=prompts["Code"], block_size=8, adaptive="fixed", **{**base, "lookup_ngram": 2}),
                {"title": f"Code · SmolLM2 + {tag}, copying from the context first (2-gram), block 8", "model": engine.name,
                 "draft": draft_words, "note": note}, out / "copy.json")
     return 0

@@ -49,8 +49,9 @@ def ref(target, arch: str, prompt: list[int], n: int, eos: int | None = None) ->
 
 
 def run(engine: Engine, drafter: str, prompt: list[int], reference: list[int], **kw):
+    """A run proposed by `drafter` alone (no copying from the context unless lookup_ngram is given)."""
     with_drafter(engine, DRAFTERS[drafter], prompt + reference + [0] * 32)
-    return engine.generate(Request(prompt_ids=tuple(prompt), **kw))
+    return engine.generate(Request(prompt_ids=tuple(prompt), **{"lookup_ngram": 0, **kw}))
 
 
 def verifies(events) -> list[Verify]:

@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dflash.errors import ValidationError
-from dflash.request import MAX_NGRAM, Request
+from dflash.request import CHAIN_NGRAM, MAX_NGRAM, Request
 
 METHODS = ("ar", "dflash", "dflash-lookup", "hf-generate", "hf-prompt-lookup")
 DRAFT_METHODS = ("dflash", "dflash-lookup")  # the methods that need the draft
 ENGINE_METHODS = ("ar",) + DRAFT_METHODS
-DEFAULT_LOOKUP_NGRAM = 2  # dflash-lookup's n-gram length when none is given
+DEFAULT_LOOKUP_NGRAM = CHAIN_NGRAM  # dflash-lookup's n-gram length when none is given: the default chain's
 
 
 @dataclass(frozen=True)

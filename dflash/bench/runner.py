@@ -73,8 +73,8 @@ def validate_prompts(engine: Engine, items: list[PromptItem], cfg: BenchConfig) 
 def run_method(engine: Engine, method: str, ids: list[int], cfg: BenchConfig, max_new_tokens: int | None = None) -> TimedOutput:
     """One generation with one method; returns its output and timings."""
     override = {"max_new_tokens": max_new_tokens} if max_new_tokens else {}
-    if method == "dflash-lookup":  # the only method that copies from the context
-        override["lookup_ngram"] = cfg.lookup_ngram
+    if method in DRAFT_METHODS:  # dflash is the draft alone; dflash-lookup copies from the context first
+        override["lookup_ngram"] = cfg.lookup_ngram if method == "dflash-lookup" else 0
     req = cfg.make_request(ids, use_draft=method in DRAFT_METHODS, **override)
     if method in ENGINE_METHODS:
         res = engine.generate(req)

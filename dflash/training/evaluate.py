@@ -31,9 +31,9 @@ def evaluate_draft(engine: Engine, prompts: Iterable[str | Sequence[int]], max_n
     """DFlash on every prompt (and the no-draft loop right after it when `baseline`): greedy, or sampled at
     `temperature` with the engine's default (lossless, seeded) rule, so sampled outputs are comparable too.
     Returns the summary plus per-prompt `rows`."""
-    # A fixed block: τ measures the draft at its block size, not a controller's choice of sizes.
+    # A fixed block and no copying: τ measures the draft alone at its block size.
     kw = dict(max_new_tokens=max_new_tokens, block_size=block_size, diffusion_steps=steps, temperature=temperature,
-              seed=seed, adaptive="fixed")
+              seed=seed, adaptive="fixed", lookup_ngram=0)
     prompts = list(prompts)
     if prompts:  # warm-up: first-call allocations are not timed
         engine.generate(prompt_request(prompts[0], max_new_tokens=4))
