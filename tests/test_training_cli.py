@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_support import assert_option_error, run_main
+from tests.test_training_data_resume import target_dir  # noqa: F401  (a fixture: a tiny target with a tokenizer)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -112,6 +113,44 @@ def test_data_made_for_another_target_is_refused_before_anything_loads(data_dir,
     proc = fit_without_torch(tmp_path, f"{data_dir / 'data'},{other}", tmp_path / "run")
     assert_option_error(proc, "--data")
     assert f"{other} was made for another target" in proc.stderr and "hidden_size 96" in proc.stderr
+
+
+def cut_in_half(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(f.seek(0, 2) // 2)
+
+
+def test_a_truncated_shard_is_named_before_anything_loads(data_dir, tmp_path):
+    """A shard cut short (a copy or a disk) was a SafetensorError traceback, after the target loaded, naming no shard."""
+    data = tmp_path / "data"
+    shutil.copytree(data_dir / "data", data)
+    cut_in_half(data / "shard_00001.safetensors")
+    proc = fit_without_torch(tmp_path, str(data), tmp_path / "run")
+    assert_option_error(proc, "--data")
+    assert (f"error: --data: {data / 'shard_00001.safetensors'} is unreadable or truncated (Error while deserializing "
+            "header: incomplete metadata, file not fully covered); run the `train data` or `train data-tf` command that "
+            f"made {data} again: it makes such a shard again") in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_resumed_data_run_makes_a_truncated_last_shard_again(target_dir, tmp_path):
+    """`train data-tf` resumed over a shard cut short: was a SafetensorError traceback naming no shard."""
+    from safetensors.torch import load_file
+
+    run = ["data-tf", "--target", str(target_dir), "--out", str(tmp_path / "tf"), "--max-prompt-tokens", "40",
+           "--max-response-tokens", "4", "--layers", "1", "--batch-size", "2", "--conversations", "4", "--threads", "1"]
+    assert train_process(*run).returncode == 0
+    last = tmp_path / "tf" / "shard_00001.safetensors"
+    made = {k: v.clone() for k, v in load_file(str(last)).items()}  # not the mapped file, which is cut next
+    cut_in_half(last)
+    proc = train_process(*run)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "shard_00001" in line]
+    assert len(said) == 1 and said[0].endswith("shard_00001.safetensors is unreadable or truncated (Error while "
+                                               "deserializing header: incomplete metadata, file not fully covered): it "
+                                               "will be made again"), proc.stderr
+    again = load_file(str(last))
+    assert again.keys() == made.keys() and all(again[k].equal(made[k]) for k in made)
 
 
 def test_a_layer_missing_in_one_of_several_data_directories_names_that_directory(data_dir, tmp_path, train):

@@ -19,7 +19,7 @@ import torch
 
 from dflash.errors import ValidationError
 from dflash.training.data_config import (WINDOW_BATCHES, DataConfig, TeacherForcedConfig, check_layers_exist, check_resume,
-                                         generation_settings, stored_rows, write_meta)
+                                         generation_settings, shard_problem, stored_rows, write_meta)
 from dflash.training.interrupt import shielded
 
 log = logging.getLogger("dflash.train")
@@ -204,6 +204,9 @@ def keep_shard(path: Path, planned: list[tuple[list[int], int]], prompt_only: bo
     planned sequences are prompts, compared with the stored sequences' prompts). A count that grew changes what
     the last, incomplete sort window holds, so its shards are made again."""
     if not path.exists():
+        return False
+    if problem := shard_problem(path):  # a run killed mid-copy, a full disk: this slot is made again
+        log.warning("%s is %s: it will be made again", path.name, problem)
         return False
     stored = stored_rows(path)
     if prompt_only:

@@ -216,6 +216,18 @@ def write_meta(out_dir: str | Path, settings: dict, model_config) -> None:
     tmp.replace(Path(out_dir, "meta.json"))
 
 
+def shard_problem(path: Path) -> str | None:
+    """Why a shard cannot be read (a copy or a disk cut short: its header spans the whole file), or None; reads the
+    header only, without torch. `train fit` names such a shard; a resumed data run makes it again."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy"):
+            return None
+    except (SafetensorError, OSError) as exc:
+        return f"unreadable or truncated ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+
+
 def stored_rows(path: Path) -> list[tuple[list[int], int]]:
     """(token ids, prompt length) of every sequence in a shard: what a resume compares with its plan."""
     from safetensors import safe_open

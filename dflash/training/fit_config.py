@@ -10,6 +10,7 @@ from pathlib import Path
 
 from dflash.errors import ValidationError
 from dflash.registry import MASK_TOKEN_ID
+from dflash.training.data_config import shard_problem
 
 
 @dataclass
@@ -102,6 +103,10 @@ def read_data_meta(data: str) -> list[dict]:
             metas.append(json.loads(path.read_text()))
         except (OSError, ValueError) as exc:
             raise ValidationError("--data", f"{d}/meta.json is unreadable ({exc})") from None
+        for shard in sorted(Path(d).glob("shard_*.safetensors")):
+            if problem := shard_problem(shard):
+                raise ValidationError("--data", f"{shard} is {problem}; run the `train data` or `train data-tf` command "
+                                                f"that made {d} again: it makes such a shard again")
     dirs = data.split(",")
     for d, meta in zip(dirs[1:], metas[1:]):
         for key in (k for k in TARGET_KEYS if meta.get(k) != metas[0].get(k)):
