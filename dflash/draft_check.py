@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dflash.errors import ModelLoadError
+from dflash.errors import ModelLoadError, first_line
 from dflash.registry import CONFIG_NAME, WEIGHTS_NAME
 
 # Generous bounds (a 405B target's hidden size is 16384, its MLP 53248): a value past them is a typo or a hostile
@@ -53,8 +53,7 @@ def weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
 
 
 def unreadable(path: Path, exc: Exception) -> str:
-    return (f"draft: {path.name} is unreadable, truncated or not safetensors "
-            f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})")
+    return f"draft: {path.name} is unreadable, truncated or not safetensors ({first_line(exc)})"
 
 
 def held_sizes(shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:

@@ -21,3 +21,9 @@ class BusyError(DFlashError):
 
 class ModelLoadError(DFlashError):
     """A model could not be found or loaded (offline hub, missing file, unsafe format)."""
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message for a one-line error: its first line (safetensors' run on), or its class name."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -10,7 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
-from dflash.errors import ValidationError
+from dflash.errors import ValidationError, first_line
 
 MANIFEST = "dflash-manifest.json"  # {file name: {"size": bytes, "sha256": hex}} of the copy's other files
 REQUIRED = ("config.json", "model.safetensors", "tokenizer.json")
@@ -60,7 +60,7 @@ def _adopt(directory: Path) -> str | None:
             pass
         record(directory)
     except (SafetensorError, OSError) as exc:
-        return f"model.safetensors is unreadable ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+        return f"model.safetensors is unreadable ({first_line(exc)})"
     return None
 
 

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash.errors import ValidationError
+from dflash.errors import ValidationError, first_line
 
 DEFAULT_LAYERS = (1, 8, 14, 15, 21, 27)  # a superset, so drafts of 1-3 layers can be ablated on one data set
 WINDOW_BATCHES = 32  # length-sorting window, in batches (see data.sort_in_windows)
@@ -225,7 +225,7 @@ def shard_problem(path: Path) -> str | None:
         with safe_open(str(path), framework="numpy"):
             return None
     except (SafetensorError, OSError) as exc:
-        return f"unreadable or truncated ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+        return f"unreadable or truncated ({first_line(exc)})"
 
 
 def stored_rows(path: Path) -> list[tuple[list[int], int]]:
