@@ -25,7 +25,8 @@ from dflash.request import Request
 from tests.ui_support import PROMPT, paced_text_engine, tiny_text_engine
 from ui import build_demo, launch_kwargs, torch_thread
 from ui.engines import EngineProvider
-from ui.handlers import CONTROL_KEYS, STOPPED_IN_QUEUE, Playground, Settings, defaults
+from ui.controls import user_message
+from ui.handlers import CONTROL_KEYS, STOPPED_IN_QUEUE, USER_ERRORS, Playground, Settings, defaults
 from ui import render
 from ui.exports import HISTORY_COLUMNS, history_table
 from ui.layout import OUT_KEYS
@@ -129,20 +130,37 @@ def raw_call(app, api_name: str, body: str) -> str:
     return "no completion message"
 
 
-@pytest.mark.parametrize("name, value, message", [
-    ("temperature", "NaN", "Temperature: must be a finite number, got nan"),
-    ("top_p", "Infinity", "Top-p: must be a finite number, got inf"),
-    ("block_size", "NaN", "Block size: must be an integer in [1, 64], got nan"),
-    ("confidence", "-Infinity", "Confidence threshold: must be a finite number"),
-    ("prompt", '"bad \\ud800 text"', "Prompt: contains text that is not valid Unicode"),  # a lone surrogate in JSON
-])
-def test_values_a_client_library_cannot_send_are_refused_by_name(app, name, value, message):
-    data = [json.dumps(v) for v in args()] + ["[]"]  # + the history State
-    data[CONTROL_KEYS.index(name)] = value
-    assert message in raw_call(app, "generate", "[" + ", ".join(data) + "]")
+def test_the_server_refuses_bad_values_by_name(app):
+    """Over HTTP: a bad value from a client library (an AppError without internals), and values a client library
+    cannot send, in a hand-written payload (NaN; a lone surrogate in JSON). Every other refusal: the next test."""
+    with pytest.raises(AppError) as info:
+        app.client.predict(*args(block_size=999), api_name="/generate")
+    text = str(info.value)
+    assert "Block size: must be in [1, 64], got 999" in text
+    assert "Traceback" not in text and "/work" not in text and ".py" not in text
+    for name, value, message in [("temperature", "NaN", "Temperature: must be a finite number, got nan"),
+                                 ("prompt", '"bad \\ud800 text"', "Prompt: contains text that is not valid Unicode")]:
+        data = [json.dumps(v) for v in args()] + ["[]"]  # + the history State
+        data[CONTROL_KEYS.index(name)] = value
+        assert message in raw_call(app, "generate", "[" + ", ".join(data) + "]")
+
+
+def refusal(pg: Playground, **over) -> str:
+    """The message the page shows for a request with `over` (what the server sends as its gr.Error: the handler's
+    error in the page's words), from Generate's handler run in this process: its first step refuses the request."""
+    values = dict(zip(CONTROL_KEYS, args(**over)))
+    with pytest.raises(USER_ERRORS) as info:
+        next(pg.generate(values, [], "refused"))
+    return user_message(info.value)
 
 
 @pytest.mark.parametrize("over, message", [
+    # Values a client library cannot send (NaN, infinity, a lone surrogate): a raw payload can (the test above).
+    ({"temperature": float("nan")}, "Temperature: must be a finite number, got nan"),
+    ({"top_p": float("inf")}, "Top-p: must be a finite number, got inf"),
+    ({"block_size": float("nan")}, "Block size: must be an integer in [1, 64], got nan"),
+    ({"confidence": float("-inf")}, "Confidence threshold: must be a finite number"),
+    ({"prompt": "bad \ud800 text"}, "Prompt: contains text that is not valid Unicode"),
     ({"block_size": 999}, "Block size: must be in [1, 64], got 999"),
     ({"block_size": 12}, "Block size: must be in [2, 8]"),
     ({"prompt": "x" * 40_000}, "Prompt: is 40000 characters; the limit is 32000"),
@@ -164,9 +182,7 @@ def test_values_a_client_library_cannot_send_are_refused_by_name(app, name, valu
     ({"show_rejected": "no"}, "Show rejected draft tokens: must be true or false, got 'no'"),
 ])
 def test_bad_parameters_come_back_as_clear_errors(app, over, message):
-    with pytest.raises(AppError) as info:
-        app.client.predict(*args(**over), api_name="/generate")
-    text = str(info.value)
+    text = refusal(app.demo.playground, **over)
     assert message in text
     assert "Traceback" not in text and "/work" not in text and ".py" not in text
 
