@@ -156,3 +156,20 @@ def test_a_directory_without_tokenizer_files_loads_without_a_tokenizer(tmp_path)
     tiny_target("qwen3").model.save_pretrained(tmp_path)
     model, tokenizer = load_target_model(str(tmp_path))
     assert tokenizer is None and model is not None
+
+
+def test_every_dflash_variable_the_code_reads_is_in_the_deploy_table():
+    """docs/deploy.md's table of environment variables names each one and the place that checks it."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    code = [root / "app.py", *(root / "dflash").rglob("*.py"), *(root / "ui").rglob("*.py")]
+    used = {name for path in code for name in re.findall(r"\bDFLASH_[A-Z_]+\b", path.read_text())}
+    table = (root / "docs" / "deploy.md").read_text().split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(DFLASH_[A-Z_]+)` \|.*\| (.+) \|$", table, re.M)}
+    assert used and used <= rows.keys(), sorted(used - rows.keys())
+    for name, checker in rows.items():  # the checking function named there exists
+        module, _, function = checker.split("`")[1].rpartition(".")
+        if function and module.startswith("dflash."):
+            assert hasattr(__import__(module, fromlist=[function]), function), (name, checker)
