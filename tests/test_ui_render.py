@@ -316,7 +316,8 @@ def test_difference_words_say_tie_or_bug(runs, monkeypatch):
     assert words(_compared(diag([1.0, 0.03], [1.0], run=(1,)))) == "NOT a tie (one output ends there) — a bug"
     assert words(_compared(diag([1.0, 0.9], [1.0, 1.2]), lossy=True)).startswith("expected, the run is lossy")
     html = render_stats.stats_html(runs["mixed"], _compared(diag([1.0, 0.03], [1.0, 0.05])))
-    assert "at token 1: numerical tie (top-2 gaps 0.03 / 0.05 ≤ 0.25, bfloat16)" in html
+    assert "≈ identical up to a numerical tie at token 1" in html  # said neutrally, the diagnosis on hover
+    assert 'title="numerical tie (top-2 gaps 0.03 / 0.05 ≤ 0.25, bfloat16)"' in html
 
 
 # -- traces and replay -------------------------------------------------------------------------------------------
@@ -417,13 +418,14 @@ def test_compare_status_line_says_why_the_outputs_differ(tmp_path):
         run = list(pg.generate(values, [], "s"))[-1]
         return list(pg.compare(run["trace"], run["history"], False, "s"))[-1]
 
-    assert "outputs identical ✓" in compared()["status"]
+    assert "outputs ✓ identical." in compared()["status"]
     lossy = compared(acceptance=0.05, block_size=4)
     comp = render_stats.comparison(lossy["trace"]["replay"].trace.events, lossy["trace"]["replay"].trace.baseline,
                                    "float32")
     k = comp["first_diff"]
     assert k is not None and comp["diagnosis"]["verdict"] == "error"
-    assert (f"outputs different ✗ at token {k}: expected, the run is lossy (acceptance threshold below 1)"
+    assert (f"outputs ✗ differs from the target's own output at token {k}: expected, the run is lossy (acceptance "
+            "threshold below 1)"
             in lossy["status"])
     assert lossy["history"][-1]["identical"] == f"✗ at {k}"
 

@@ -22,7 +22,8 @@ CHECKBOXES = {"show_rejected": False, "step_mode": False}
 # Fields and other names an error may start with, as the page names them.
 _LABEL_OF_FIELD = {field: text.LABELS[key] for key, field in FIELDS.items()} | {
     "preset": text.LABELS["preset"], "compare": "Compare with autoregressive",
-    "show_rejected": text.LABELS["show_rejected"], "step_mode": text.LABELS["step_mode"]}
+    "show_rejected": text.LABELS["show_rejected"], "step_mode": text.LABELS["step_mode"],
+    "numerics": text.LABELS["numerics"]}
 # Python's words in a message, and a bound too long to read, in the page's words.
 _PLAIN = {"got None": "got an empty value", f"{MAX_SEED}]": "2^63 - 1]"}
 

@@ -41,6 +41,7 @@ from .text import NO_DRAFT_NOTICE, draft_folder, draft_notice, local_draft_notic
 log = logging.getLogger("dflash.ui")
 
 Loader = Callable[[str], tuple[Engine, str]]  # preset name → (engine, notice shown in the UI, "" for none)
+Twin = Callable[[str, str, Engine], Engine]  # (preset, dtype, its engine) → the same models in that dtype
 
 PRESETS_ENV = "DFLASH_PRESETS"  # the operator's list of presets visitors may load
 SWAP_INTERVAL_S = 300.0  # the registry loader's least time between two swaps of the large model
@@ -61,25 +62,50 @@ def offered_presets(setting: str | None, cuda: bool) -> list[str]:
     return [p for p in PRESETS if p == "default" or p in names]
 
 
-def load_preset(name: str, default_draft: str | None = None) -> tuple[Engine, str]:
+def load_preset(name: str, default_draft: str | None = None, **fixed: Any) -> tuple[Engine, str]:
     """The app's loader: registry presets only; the default falls back to no draft while none is trained.
     default_draft: the operator's draft directory for the default target (`dflash-playground --draft`), instead of
-    the shipped one; it must exist (no fallback: the operator asked for that draft)."""
+    the shipped one; it must exist (no fallback: the operator asked for that draft). fixed: load_engine's dtype and
+    threads, for the numerics switch's second engine (`EngineProvider.engine`)."""
     from dflash.load import default_draft_available, load_engine
 
     preset = get_preset(name)
     if preset.gpu_recommended and not torch.cuda.is_available():
         raise ModelLoadError(f"preset {name!r} needs a CUDA GPU and Hugging Face hub access; this server has no GPU")
     if name == "default" and default_draft is not None:
-        engine, _ = load_engine(name, draft=default_draft)
+        engine, _ = load_engine(name, draft=default_draft, **fixed)
         # Each run's hardware line and trace name the operator's draft: "default" alone reads as the shipped one.
         engine.name = engine.target.name = f"{name} with draft {draft_folder(default_draft)}"
         return engine, local_draft_notice(default_draft)
     if name == "default" and not default_draft_available(preset.draft):
-        engine, _ = load_engine(name, no_draft=True)
+        engine, _ = load_engine(name, no_draft=True, **fixed)
         return engine, NO_DRAFT_NOTICE
-    engine, _ = load_engine(name)
+    engine, _ = load_engine(name, **fixed)
     return engine, (draft_notice(Path(preset.draft) / "evaluation.json") if name == "default" else "")
+
+
+def dtype_name(engine: Engine) -> str:
+    return str(engine.target.dtype).removeprefix("torch.")
+
+
+def offered_dtypes(engine: Engine) -> list[str]:
+    """The numerics a visitor may choose for `engine`: on a CPU whose settings were chosen for the host, float32
+    (exact) always and bfloat16 (fast) where the host chose it or computes it natively (avx512_bf16 / amx_bf16:
+    emulated bfloat16 is slower than float32, so not worth offering); elsewhere only the engine's own."""
+    from dflash.host import cpu_flags
+
+    own = dtype_name(engine)
+    if engine.host is None:
+        return [own]
+    native = own == "bfloat16" or bool({"avx512_bf16", "amx_bf16"} & set(cpu_flags()))
+    return ["float32", "bfloat16"] if native else ["float32"]
+
+
+def load_twin(name: str, dtype: str, engine: Engine, default_draft: str | None = None) -> Engine:
+    """The registry loader's `Twin`: the preset loaded again in `dtype` with the threads the host probe chose for
+    `engine` (the layout is then probed once for that dtype and cached, like the first choice)."""
+    threads = engine.host.threads if engine.host is not None else None
+    return load_preset(name, default_draft, dtype=dtype, threads=threads)[0]
 
 
 def wait_until_free(engine: Engine, cancel: threading.Event, deadline_s: float | None) -> None:
@@ -104,13 +130,16 @@ class EngineProvider:
 
     def __init__(self, engines: Mapping[str, Engine] | Loader | None = None, notices: Mapping[str, str] | None = None,
                  *, offered: Iterable[str] | None = None, swap_interval_s: float | None = None,
-                 default_draft: str | None = None):
+                 default_draft: str | None = None, twin: Twin | None = None):
         self._engines: dict[str, Engine] = {}
+        self._twins: dict[tuple[str, str], Engine] = {}  # (preset, dtype) → the preset in other numerics
+        self._twin = twin
         self._notices: dict[str, str] = dict(notices or {})
         self._loader: Loader | None = None
         self._default_draft = default_draft if engines is None else None
         if engines is None:
             self._loader = functools.partial(load_preset, default_draft=default_draft)
+            self._twin = twin or functools.partial(load_twin, default_draft=default_draft)
             if offered is None:
                 offered = offered_presets(os.environ.get(PRESETS_ENV), torch.cuda.is_available())
             swap_interval_s = SWAP_INTERVAL_S if swap_interval_s is None else swap_interval_s
@@ -163,11 +192,24 @@ class EngineProvider:
         load, or when the load would swap out a model loaded less than `swap_interval_s` ago."""
         return self._get(name, visitor)[0]
 
-    def for_request(self, name: Any, request: Request) -> tuple[Engine, Request]:
+    def numerics(self, name: str) -> tuple[str, list[str]]:
+        """(the preset's own dtype, the dtypes a visitor may choose); ("", []) while it is not loaded. Other numerics
+        than its own need a `twin` loader."""
+        engine = self._engines.get(name)
+        if engine is None:
+            return "", []
+        own = dtype_name(engine)
+        return own, offered_dtypes(engine) if self._twin is not None else [own]
+
+    def for_request(self, name: Any, request: Request, dtype: Any = None) -> tuple[Engine, Request]:
         """A visitor's engine for an already validated request (loaded under the visitor rules, its load time
-        taken from the request's deadline) and the request fitted to it: no draft in the engine → none asked."""
+        taken from the request's deadline) and the request fitted to it: no draft in the engine → none asked.
+        dtype: the numerics switch (None or "": the preset's own), ValidationError naming `numerics` unless offered."""
         start = time.monotonic()
         engine, loaded_now = self._get(name, visitor=True)
+        if dtype not in (None, "", dtype_name(engine)):
+            engine, twin_now = self._get_twin(name, dtype)
+            loaded_now = loaded_now or twin_now
         spent = time.monotonic() - start
         changes: dict[str, Any] = {"use_draft": request.use_draft and engine.drafter is not None}
         if loaded_now and request.deadline_s is not None:
@@ -189,6 +231,24 @@ class EngineProvider:
             if name in self._engines:  # loaded by the call this one waited for
                 return self._engines[name], False
             return self._load(name, visitor), True
+        finally:
+            self._lock.release()
+
+    def _get_twin(self, name: str, dtype: Any) -> tuple[Engine, bool]:
+        """The preset in numerics `dtype` (loaded on first use, one load at a time), and whether this call loaded it."""
+        own, offered = self.numerics(name)
+        if dtype not in offered:
+            raise ValidationError("numerics", f"must be one of {', '.join(offered)} for preset {name!r}, got {dtype!r}")
+        if (name, dtype) in self._twins:
+            return self._twins[name, dtype], False
+        if not self._lock.acquire(blocking=False):
+            raise BusyError("numerics: another model is being loaded on this server; try again in a minute")
+        try:
+            if (name, dtype) not in self._twins:
+                log.info("loading preset %s in %s", name, dtype)
+                self._twins[name, dtype] = torch_thread.call(self._twin, name, dtype, self._engines[name])
+                return self._twins[name, dtype], True
+            return self._twins[name, dtype], False
         finally:
             self._lock.release()
 
@@ -217,6 +277,7 @@ class EngineProvider:
             return
         for name in names:
             del self._engines[name]
+        self._twins = {k: e for k, e in self._twins.items() if k[0] not in names}
         gc.collect()
         if torch.cuda.is_initialized():  # not in ZeroGPU's main process, where CUDA is only emulated
             torch.cuda.empty_cache()  # hand the freed blocks back to the device, for the next load (or other processes)

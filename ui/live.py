@@ -99,6 +99,9 @@ def live_status(events: list, what: str = "Generating") -> str:
         started = next((e for e in events if isinstance(e, ev.Started)), None)
         size = f" ({len(started.prompt_ids):,} tokens)" if started is not None else ""
         return f"{what}: reading the prompt{size}…"
+    started = render.started(events)
+    if started is not None and not started.has_draft:  # one token per target step: no verify steps to count
+        return f"{what}: {render.count(commits[-1].n_out, 'token')}…"
     blocks = [e for e in events if isinstance(e, ev.Verify)]
     return f"{what}: {render.count(commits[-1].n_out, 'token')}, {render.count(len(blocks), 'verify step')}…"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dflash import events as ev
 from dflash.stats import TIE_BOUND, diagnose_difference, output_gaps
 from dflash.stats import difference_words as stats_difference_words  # the playground's own adds the lossy case
-from .render import above, attr, finished, run_stats
+from .render import above, attr, count, finished, run_stats
 from .run_state import RunState, as_state
 
 
@@ -37,6 +37,23 @@ def difference_words(comp: dict) -> str:
     return stats_difference_words(comp["diagnosis"], comp["dtype"])
 
 
+def tie_only(comp: dict) -> bool:
+    """The outputs of a lossless run differ, and only where the diagnosis found a numerical tie."""
+    diag = comp.get("diagnosis")
+    return not comp.get("identical") and not comp.get("lossy") and bool(diag) and diag.get("verdict") == "tie"
+
+
+def outputs_words(comp: dict) -> tuple[str, str]:
+    """(css class, words) for how the outputs compare: identical; identical up to a numerical tie, said neutrally (a
+    tie is the low-precision numerics, not DFlash); or a difference, diagnosed."""
+    if comp["identical"]:
+        return "same", "✓ identical to the target's own output"
+    if tie_only(comp):
+        return "tie", (f"≈ identical up to a numerical tie at token {comp['first_diff']}: the target's top two tokens "
+                       f"were equal in {comp['dtype']}")
+    return "diff", f"✗ differs from the target's own output at token {comp['first_diff']}: {difference_words(comp)}"
+
+
 def _output_ids(events: list) -> list[int]:
     fin = finished(events)
     if fin is not None:
@@ -62,7 +79,8 @@ def stats_html(run: RunState | list, compare: dict | None = None, hardware: str 
         ("draft / verify time", f"{draft_share:.0f}% / {100 - draft_share:.0f}%" if s["verify_ms"] else "–",
          f"draft {s['draft_ms']:.0f} ms, verify {s['verify_ms']:.0f} ms in total"),
         ("output tokens", f"{s['n_output_tokens']}",
-         f"{s['n_verify']} target verify steps, prompt {s['n_prompt_tokens']} tokens"),
+         f"{count(s['n_verify'], 'target verify step' if st is None or st.has_draft else 'target step')}, "
+         f"prompt {count(s['n_prompt_tokens'], 'token')}"),
     ]
     cells = "".join(f'<div class="stat" title="{attr(h)}"><div class="k">{attr(k)}</div><div class="v">{attr(v)}</div></div>'
                     for k, v, h in items)
@@ -80,14 +98,13 @@ def stats_html(run: RunState | list, compare: dict | None = None, hardware: str 
         badges.append(f'<span class="badge">{attr(fin.reason)}</span>')
     comp = ""
     if compare:
-        ok = compare["identical"]
-        same = ("✓ identical to the target's own output" if ok else
-                f"✗ differs from the target's own output at token {compare['first_diff']}: {difference_words(compare)}")
+        css, same = outputs_words(compare)
+        why = f' title="{attr(difference_words(compare))}"' if css == "tie" else ""  # the diagnosis, in one wording
         comp = ('<div class="stat-compare" id="compare-result">'
                 + _run_rate(compare) + _stat("baseline tokens / s", f"{compare['baseline_tokens_per_s']:.1f}")
                 + _stat("speedup", f"{compare['speedup']:.2f}×") +
                 f'<div class="stat"><div class="k">outputs</div>'
-                f'<div class="v {"same" if ok else "diff"}">{attr(same)}</div></div>'
+                f'<div class="v {css}"{why}>{attr(same)}</div></div>'
                 f'<p class="cmp-note">Baseline = the same engine without a draft (one token per target step), same prompt and '
                 f'settings, {attr(compare["n_compared"])} tokens compared.{_timed_words(compare)}</p></div>')
     hw = f'<p class="hw">{attr(hardware)}</p>' if hardware else ""
@@ -122,7 +139,7 @@ def _stat(key: str, value: str) -> str:
 def compared_status(comp: dict, timed: bool, repeated: bool) -> str:
     """The status line after Compare (`timed`: the run was timed again beside the baseline; `repeated`: with the
     shown run's output)."""
-    same = "identical ✓" if comp["identical"] else f"different ✗ at token {comp['first_diff']}: {difference_words(comp)}"
+    same = outputs_words(comp)[1].removesuffix(" to the target's own output")
     # A rerun's block sizes follow timings: in bfloat16 a near-tie can round the other way, and a lossy run accepts
     # other tokens.
     note = "" if repeated else " The timed run's output differed from the shown run's; the speeds are the timed run's."

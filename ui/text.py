@@ -6,11 +6,8 @@ import json
 from pathlib import Path
 
 INTRO = """# ⚡ DFlash playground
-A small **draft** model proposes a whole block of next tokens at once (block diffusion); the **target** model
-checks the block in one forward pass, keeps the longest correct prefix and adds one token of its own.
-With the acceptance threshold at 1.0 the answer is exactly the target's own answer — just fewer target steps (in
-float32, the exact mode; in the faster bfloat16 mode a CPU may be set to, it can part from it where the target's top two
-tokens are a numerical tie, and **Compare** says where)."""
+You are watching a small **draft** model propose a block of tokens at once, and the **target** model check the whole
+block in one pass and keep the tokens it would have chosen itself."""
 
 EXAMPLES = [
     ("Prose", "Write a short opening paragraph for a story about a lighthouse keeper who finds a message in a bottle."),
@@ -23,7 +20,10 @@ LABELS = {"prompt": "Prompt", "preset": "Model preset", "block_size": "Block siz
           "confidence": "Confidence threshold", "acceptance": "Acceptance threshold", "lookup": "Copy from context",
           "adaptive": "Policy", "min_block": "Min block size", "max_block": "Max block size", "temperature": "Temperature",
           "top_p": "Top-p", "max_new_tokens": "Max new tokens", "seed": "Seed",
-          "show_rejected": "Show rejected draft tokens", "step_mode": "Step mode"}
+          "show_rejected": "Show rejected draft tokens", "step_mode": "Step mode", "mode": "Mode", "numerics": "Numerics"}
+
+# The numerics switch's choices (ui/layout.py): the target's dtype and what it means for the output.
+NUMERICS = {"float32": "float32 · exact", "bfloat16": "bfloat16 · fast"}
 
 INFO = {
     "prompt": ("Your message to the model (its chat template is applied). At most 32,000 characters. Enter starts a new "
@@ -55,11 +55,29 @@ INFO = {
              "tokens are accepted)."),
     "show_rejected": "Also show the draft tokens the target rejected, struck through, before each correction.",
     "step_mode": "Record the run without animating, then step through it one draft/verify step at a time with Next ▶.",
+    "mode": ("Paper method: the draft alone at its trained block size, as the paper runs it. Fastest here: the "
+             "settings the command line and the API use by default."),
+    "numerics": ("float32: DFlash's answer equals plain decoding's token for token. bfloat16: faster here; the two can "
+                 "part where the target's top two tokens tie in bfloat16, which Compare shows."),
 }
 
 NO_DRAFT_NOTICE = ("**No trained draft is installed yet** (`assets/draft-smollm2-135m/` is missing), so this playground runs "
                    "the target **alone** — plain autoregressive decoding, one token per step, τ = 1. The draft controls are "
                    "ignored until the trained draft is added; the bundled traces below still show DFlash blocks.")
+
+# The draft badge's words, by how its notice starts (the notices above and in ui/engines.py).
+_BADGES = ((NO_DRAFT_NOTICE[:20], "no draft: plain decoding"), ("**Draft: `", "operator's draft"),
+           ("**About the default draft", "trained draft"), ("Preset **", "loads on the first Generate"))
+
+
+def notice_badge(notice: str) -> str:
+    """A preset's notice (Markdown) as a small badge that opens onto the notice itself; "" stays "" (no badge)."""
+    if not notice:
+        return ""
+    words = next((w for start, w in _BADGES if notice.startswith(start)), "details")
+    return (f'<details class="dfl-badge"><summary>Draft: {words} <span class="more">(details)</span></summary>\n\n'
+            f"{notice}\n\n</details>")
+
 
 def draft_folder(directory: str) -> str:
     """How the page names a draft the operator chose: its folder's name only (the rest of the server's path is not
@@ -143,6 +161,7 @@ NUMBERS = """### What the numbers mean
   k-th token was right given that all earlier ones were.
 """
 
-REPLAY_HELP = ("Replay a finished run (yours, a bundled trace, or a trace JSON you exported) without any model. "
-               "Drag the slider or use ◀ / ▶ to move one draft or verify step at a time; ▶▶ plays it.")
+REPLAY_HELP = ("Replay a finished run (yours, a bundled trace, or a trace JSON you exported) without any model; a "
+               "loaded trace sets the prompt and the controls it was recorded with. Drag the slider, or step with "
+               "◀ Prev / Next ▶ above the block inspector (keys ← →); ▶ Play (space) plays it.")
 REPLAY_WAITS = "A generation is running in this session: the replay controls work again once it has finished."
