@@ -1,6 +1,7 @@
 """`python -m dflash draft export` (dflash/export.py) through the command line: the full-head export of the shipped
 draft for SGLang or vLLM, vLLM's draft-vocabulary form (d2t) on a tiny draft and target, one-line errors for bad
-options; and docs/deploy.md's serving numbers and front matter against the draft and the README."""
+options; and docs/deploy.md's serving numbers and front matter against the draft and the README. The vLLM export
+runs in a subprocess, as a user runs it; the rest through `main(argv)` in this process."""
 
 from __future__ import annotations
 
@@ -18,16 +19,26 @@ from safetensors.torch import load_file
 
 from dflash.draft import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, load_draft, save_draft
 from dflash.registry import DEFAULT_DRAFT_DIR
+from tests.cli_support import run_main
 from tests.conftest import VOCAB, tiny_draft, tiny_target
 
 ROOT = Path(__file__).resolve().parent.parent
 shipped = pytest.mark.skipif(not (DEFAULT_DRAFT_DIR / CONFIG_NAME).is_file(), reason="no trained draft installed")
 
 
-def export(*args: str) -> subprocess.CompletedProcess:
+def export_process(*args: str) -> subprocess.CompletedProcess:
+    """`python -m dflash draft export …` in a subprocess, as a user runs it."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "dflash", "draft", "export", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.fixture
+def export(capsys):
+    """`export(*args)`: the same command through `main(argv)` in this process (no fresh interpreter)."""
+    from dflash.cli import main
+
+    return lambda *args: run_main(main, ["draft", "export", *args], capsys)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +55,7 @@ def tiny(tmp_path_factory):
 
 @shipped
 @pytest.mark.parametrize("server", ["sglang", "full-head"])
-def test_the_full_head_export_is_the_same_draft_without_our_extensions(tmp_path, server):
+def test_the_full_head_export_is_the_same_draft_without_our_extensions(tmp_path, export, server):
     out = tmp_path / server
     done = export("--for", server, "--out", str(out))
     assert done.returncode == 0, done.stderr
@@ -63,10 +74,11 @@ def test_the_full_head_export_is_the_same_draft_without_our_extensions(tmp_path,
     assert (f'"num_speculative_tokens": {block - 1}' in readme) == (server == "full-head")
 
 
-def test_the_vllm_export_keeps_the_draft_vocabulary_in_vllms_form(tiny, tmp_path):
+def test_the_vllm_export_keeps_the_draft_vocabulary_in_vllms_form(tiny, tmp_path):  # a subprocess: the entry point
     root, target, vocab = tiny
     out = tmp_path / "vllm"
-    done = export("--draft", str(root / "draft"), "--for", "vllm", "--target", str(root / "target"), "--out", str(out))
+    done = export_process("--draft", str(root / "draft"), "--for", "vllm", "--target", str(root / "target"), "--out",
+                          str(out))
     assert done.returncode == 0, done.stderr
     assert not (out / VOCAB_NAME).exists()
     config = json.loads((out / CONFIG_NAME).read_text())
@@ -85,7 +97,7 @@ def test_the_vllm_export_keeps_the_draft_vocabulary_in_vllms_form(tiny, tmp_path
     assert (out / WEIGHTS_NAME).stat().st_mode & 0o777 == 0o644  # it was 0600: unreadable to a server's own user
 
 
-def test_bad_options_get_one_line_naming_the_option(tiny, tmp_path):
+def test_bad_options_get_one_line_naming_the_option(tiny, tmp_path, export):
     root, _, _ = tiny
     draft, tgt = str(root / "draft"), str(root / "target")
     full = tmp_path / "full"
@@ -126,7 +138,7 @@ def test_bad_options_get_one_line_naming_the_option(tiny, tmp_path):
     assert not any((tmp_path / n).exists() for n in "abcdefghi")  # nothing written for a refused export
 
 
-def test_a_truncated_draft_is_one_line_naming_draft(tiny, tmp_path):
+def test_a_truncated_draft_is_one_line_naming_draft(tiny, tmp_path, export):
     """A draft read while `train fit` saved it (or copied in part) was a SafetensorError traceback."""
     draft = tmp_path / "draft"
     shutil.copytree(tiny[0] / "draft", draft)
@@ -139,7 +151,7 @@ def test_a_truncated_draft_is_one_line_naming_draft(tiny, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_draft_with_an_absurd_size_is_one_line_naming_the_field(tiny, tmp_path):
+def test_a_draft_with_an_absurd_size_is_one_line_naming_the_field(tiny, tmp_path, export):
     """hidden_size 1e9 was torch's "Storage size calculation overflowed" traceback."""
     draft = tmp_path / "draft"
     shutil.copytree(tiny[0] / "draft", draft)
