@@ -296,11 +296,15 @@ def test_profile_tool_measures_the_tiny_target(bench_dir, capsys):
     assert all(0 < r["min_ms"] <= r["median_ms"] for r in rows)
 
 
-def test_host_work_profile_counts_per_block_traffic_by_vocabulary():
+def test_host_work_profile_counts_per_block_traffic_by_vocabulary(capsys):
     """`profile host-work` as a user runs it (a subprocess), on the CPU: a row per vocabulary, the blocks of a sampled
-    run, no host<->device copies (there is no device), both noise timings; a bad option is one line, exit 2."""
+    run, no host<->device copies (there is no device), both noise timings; a bad option is one line, exit 2 (through
+    `main(argv)` in this process)."""
     import subprocess
     import sys
+
+    from dflash.bench.profile import main as profile_main
+    from tests.cli_support import run_main
 
     argv = [sys.executable, "-m", "dflash.bench.profile", "host-work", "--device", "cpu", "--vocabs", "64,512",
             "--layers", "1", "--block", "4", "--max-new-tokens", "6", "--reps", "2"]
@@ -314,7 +318,7 @@ def test_host_work_profile_counts_per_block_traffic_by_vocabulary():
         assert r["htod_copies"] == r["dtoh_copies"] == r["sync_calls"] == 0
         assert r["noise_on_device_ms"] > 0 and r["noise_cpu_copied_ms"] > 0
     assert doc["result"]["table"].count("\n") == 3  # header, rule, two rows
-    bad = subprocess.run([*argv[:6], "--vocabs", "64,x"], capture_output=True, text=True, timeout=120, check=False)
+    bad = run_main(profile_main, [*argv[3:6], "--vocabs", "64,x"], capsys)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip().splitlines()[-1] == "error: --vocabs: whole numbers separated by commas, got '64,x'"
 

@@ -34,7 +34,8 @@ from .exports import history_row, history_table, next_run_id, with_comparison, w
 from .live import FrameThrottle, RunLook, dtype_of, final_status, hardware, live_status
 from .render_inspector import inspector_html
 from .render_stats import comparison, compared_status, stats_html
-from .replay import Replay, Trace, TraceError, bundled_traces, events_at, frame_label, frames, load_trace_file
+from .replay import (Replay, Trace, TraceError, bundled_traces, events_at, frame_label, frames, load_trace_file,
+                     speed_words)
 from .run_state import RunState, as_state
 from .sessions import GENERATION, REPLAY, SessionRuns
 
@@ -205,7 +206,7 @@ class Playground:
         frame = 0 if look.step_mode else n_frames - 1
         status = final_status(events)
         if look.step_mode:
-            status += " · Step mode: press **Next ▶** (Replay tab) to walk through it."
+            status += " · Step mode: press **Next ▶** (above the block inspector, or →) to walk through it."
         return {**view(events_at(events, frame), look.show_rejected, hw=look.hw), "status": status,
                 "trace": trace_state(trace, source="run", preset=preset, run_id=run_id, hardware=look.hw),
                 **_cursor(n_frames, frame, frame_label(events, frame), events), **_history_views(history),
@@ -314,7 +315,7 @@ class Playground:
         with replay.lock:
             shown = view(replay.seek(last), show_rejected, baseline=replay.baseline_state(), compare=comp, hw=hw)
             label = replay.label(last)
-        return {**shown, "status": f"**Loaded {source} trace:** {title}" + (f" — {note}" if note else ""),
+        return {**shown, "status": f"**Loaded {source} trace:** {title} ({speed_words(trace)})" + (f" — {note}" if note else ""),
                 "trace": state, **_cursor(replay.n_frames, last, label, trace.events), **self.exports(trace, None, source)}
 
     def show_frame(self, state: dict | None, frame: Any, block: Any, show_rejected: bool, charts: bool = True) -> dict[str, Any]:

@@ -23,7 +23,8 @@ from .engines import EngineProvider, Loader
 from .exports import HISTORY_COLUMNS, history_table
 from .handlers import Playground, Settings, defaults, view
 from .render import TOKEN_TEMPLATE
-from .replay import bundled_traces
+from .replay import bundled_choices
+from .step_view import STEP_JS, replay_tab, step_bar
 from .wiring import OUT_KEYS, acceptance_label, wire
 
 __all__ = ["CSS_PATH", "OUT_KEYS", "QUEUE_SIZE", "build_demo", "launch_kwargs"]  # OUT_KEYS: defined in ui/wiring.py
@@ -104,7 +105,7 @@ def build_demo(engines: EngineProvider | Mapping[str, Engine] | Loader | None = 
                 ui.update(output_panel(empty))
                 ui.update(charts_panel(empty))
                 with gr.Tabs():
-                    ui.update(replay_tab(list(bundled_traces())))
+                    ui.update(replay_tab(bundled_choices()))
                     ui.update(history_tab())
                     guide_tabs()
         demo.gen_event = wire(demo, pg, ui, initial)
@@ -196,6 +197,7 @@ def output_panel(empty: dict[str, Any]) -> dict[str, Any]:
         with gr.Column(min_width=NARROWEST):  # (gr.HTML does not apply its own min_width)
             o["stats"] = gr.HTML(empty["stats"], elem_id="stats", padding=True, **_named("Statistics"))
         o["compare"] = gr.Button("Compare with autoregressive", elem_id="compare", scale=0, min_width=200)
+    o.update(step_bar())  # Prev / Play-Pause / Next right above the inspector they move
     o["inspector"] = gr.HTML(empty["inspector"], elem_id="block-inspector", padding=True, **_named("Block inspector"))
     o["inspect_block"] = gr.Slider(0, 1, value=0, step=1, label="Inspect block (0 = the latest)",
                                    info="Pick any block of the current run or trace.", elem_id="inspect-block")
@@ -214,26 +216,6 @@ def charts_panel(empty: dict[str, Any]) -> dict[str, Any]:
         p["positions"] = plot("positions", "position-acceptance-plot", "Acceptance by draft position chart")
         p["throughput"] = plot("throughput", "throughput-plot", "Throughput chart")
     return p
-
-
-def replay_tab(traces: list[str]) -> dict[str, Any]:
-    """Bundled and uploaded traces, the step slider, Prev / Next / Play and the frame's label."""
-    with gr.Tab("Replay and step mode", elem_id="replay-tab"):
-        gr.Markdown(text.REPLAY_HELP)
-        with gr.Row():
-            r = {"trace_select": gr.Dropdown(traces, value=traces[0] if traces else None, label="Bundled traces",
-                                             allow_custom_value=False, elem_id="trace-select", scale=3,
-                                             min_width=300),  # wraps the row on a phone rather than cut the name to a word
-                 "load_trace": gr.Button("Load trace", elem_id="load-trace", scale=1),
-                 "upload": gr.File(label="…or upload a trace JSON", file_types=[".json", ".jsonl"],
-                                   elem_id="trace-upload", scale=2)}
-        r["replay"] = gr.Slider(0, 1, value=0, step=1, label="Frame (0 = the request starts)", elem_id="replay-step")
-        with gr.Row():
-            r["prev"] = gr.Button("◀ Prev step", elem_id="step-prev")
-            r["next"] = gr.Button("Next step ▶", elem_id="step-next")
-            r["play"] = gr.Button("▶▶ Play", elem_id="play")
-        r["replay_label"] = gr.Markdown("", elem_id="replay-label", **_named("Frame description"))
-    return r
 
 
 def history_tab() -> dict[str, Any]:
@@ -271,7 +253,7 @@ def launch_kwargs(**overrides: Any) -> dict[str, Any]:
         # Sessions whose state (a run's trace: ~1 MB per 500 tokens, more after Compare) stays in memory. API clients
         # never close their sessions, so only this bound frees them; Gradio's default, 10,000, could hold ~10 GB.
         "state_session_capacity": STATE_SESSIONS,
-        "js": PAGE_JS,
+        "js": f"() => {{ ({PAGE_JS})(); ({STEP_JS})(); }}",
     }
     kw.update(overrides)
     return kw

@@ -21,8 +21,11 @@ from typing import Any
 
 from dflash import events as ev
 from dflash.events import event_to_dict
+from dflash.errors import ValidationError
 from dflash.registry import ASSETS
-from ui.render import count, token_class
+from dflash.request import DEFAULT_MIN_BLOCK, DEFAULTS, Request
+from ui.controls import FIELDS
+from ui.render import count, run_stats, token_class
 from ui.run_state import RunState
 from ui.trace_schema import (MAX_RUN_EVENTS, MAX_TRACE_BYTES, MAX_TRACE_EVENTS, JsonProblem, TraceError, check_event,
                              check_meta, check_run, decode_json, line_of, shown)
@@ -140,6 +143,53 @@ def bundled_traces(directory: Path = TRACES_DIR) -> dict[str, Path]:
             continue
         out[str(meta.get("title") or p.stem)] = p
     return out
+
+
+def speed_words(trace: Trace) -> str:
+    """A trace's measured speed for the trace list: its tokens per second and, with its no-draft baseline, the
+    speedup, saying so where DFlash was the slower of the two."""
+    rate = run_stats(trace.events)["tokens_per_s"]
+    base = run_stats(trace.baseline)["tokens_per_s"] if trace.baseline else 0.0
+    if base <= 0:
+        return f"{rate:.1f} tok/s"
+    x = rate / base
+    return f"{rate:.1f} tok/s, {x:.2f}× plain decoding" + (" (DFlash slower here)" if x < 1 else "")
+
+
+def bundled_choices(directory: Path = TRACES_DIR) -> list[tuple[str, str]]:
+    """(name shown, label) of each bundled trace for the trace list: its label and measured speed (`speed_words`);
+    a trace that does not load is listed by its label alone (loading it names the problem)."""
+    out = []
+    for label, path in bundled_traces(directory).items():
+        try:
+            words = speed_words(load_trace_file(path))
+        except (TraceError, OSError):
+            words = ""
+        out.append((f"{label} · {words}" if words else label, label))
+    return out
+
+
+def recorded_controls(trace: Trace, max_new_cap: int) -> dict[str, Any]:
+    """The controls a trace was recorded with (its Started request), by control name (ui/controls.FIELDS), so that
+    Generate runs it again: empty for a trace without a request the engine would take (a hand-edited upload)."""
+    st = next((e for e in trace.events if isinstance(e, ev.Started)), None)
+    if st is None:
+        return {}
+    req = {f: st.request.get(f, DEFAULTS[f]) for f in FIELDS.values()}
+    trained = st.trained_block_size
+    block = req["block_size"] or trained
+    req["max_new_tokens"] = min(req["max_new_tokens"], max_new_cap) if isinstance(req["max_new_tokens"], int) else None
+    try:
+        Request(**req)
+    except (ValidationError, TypeError):
+        return {}
+    values = {key: req[f] for key, f in FIELDS.items()}
+    if block:  # None: a run without a draft, whose block sizes mean nothing
+        hi = max(req["max_block_size"] or trained or block, block)
+        values.update(block_size=block, max_block=hi, min_block=req["min_block_size"] or min(DEFAULT_MIN_BLOCK, block))
+    else:
+        del values["block_size"], values["min_block"], values["max_block"]
+    return values
 
 
 # -- frames ------------------------------------------------------------------------------------------------------

@@ -15,14 +15,20 @@ from typing import Any
 
 import gradio as gr
 
+from dflash.errors import BusyError
 from dflash.request import MAX_BLOCK_SIZE
 from . import text
 from .engines import EngineProvider
-from .controls import shown_rejected, user_message
-from .handlers import CONTROL_KEYS, STOPPED_IN_QUEUE, USER_ERRORS, VIEW_KEYS, Playground
+from .controls import FIELDS, shown_rejected, user_message
+from .handlers import CONTROL_KEYS, STOPPED_IN_QUEUE, USER_ERRORS, VIEW_KEYS, Playground, trace_from_state
+from .replay import recorded_controls
+from .sessions import REPLAY
+from .step_view import NO_CHANGE, PAUSED, PLAYING
 from .text import REPLAY_WAITS
 
 log = logging.getLogger("dflash.ui")
+
+RECORDED = tuple(FIELDS)  # the controls a loaded trace sets: those of its request, the prompt first
 
 GENERIC_ERROR = "Something went wrong on the server (the details were logged). Please try again."
 
@@ -185,10 +191,22 @@ def _wire_settings(provider: EngineProvider, ui: dict[str, Any], initial: dict[s
                       show_progress="hidden", preprocess=False)
 
 
+def _stop_playing(pg: Playground, session: str) -> None:
+    """Stop the session's replay (Play) if one runs: a replay that starts stops the one before it, and this one ends
+    at once. A running generation is left alone (it refuses a replay)."""
+    try:
+        pg.runs.end(session, pg.runs.begin(session, REPLAY))
+    except BusyError:
+        pass
+
+
 def _wire_replay(pg: Playground, ui: dict[str, Any], outputs: list) -> None:
-    """Bundled and uploaded traces, the step slider and buttons, Play, the block picker and the rejected switch."""
+    """Bundled and uploaded traces, the step slider and buttons, Play / Pause, the block picker and the rejected
+    switch. Every control but Play cancels a playing replay, in the page (its late frames are dropped) and on the
+    server (its loop ends), and shows Play again; a loaded trace also sets the controls it was recorded with."""
     show = ui["show_rejected"]
     replay_inputs = [ui["trace"], ui["replay"], ui["inspect_block"], show]
+    buttons = [ui["play"], ui["pause"]]
     # A refused file or frame shows its message as a toast and one "Error" badge on the replay label: Gradio badges
     # every output of a failed event otherwise, covering the charts and the stream that are still valid.
     # Raw slider values (preprocess=False) for every event that reads them: the handlers clamp a frame or block typed
@@ -200,26 +218,40 @@ def _wire_replay(pg: Playground, ui: dict[str, Any], outputs: list) -> None:
     def on_play(trace, frame, block, show_rejected, request: gr.Request):
         def frames():
             yield from pg.play(trace, frame, block, shown_rejected(show_rejected), request.session_hash)
-        for out in _stream_errors(frames()):
-            yield pack(out)
+        # The last frame shows Play again with it (an API client's result is that frame); a replay stopped before
+        # it ends with the buttons alone.
+        last, started, ended = trace["replay"].n_frames - 1 if trace else None, False, False
+        try:
+            for out in _stream_errors(frames()):
+                ended = out.get("replay") == last
+                yield pack(out) + (PAUSED if ended else NO_CHANGE if started else PLAYING)
+                started = True
+        except gr.Error:
+            if started:
+                yield pack({}) + PAUSED
+            raise
+        if started and not ended:
+            yield pack({}) + PAUSED
 
-    def on_load_trace(label, show_rejected):
-        return pack(_errors(lambda: pg.load_bundled(label, shown_rejected(show_rejected))))
+    play = ui["play"].click(on_play, replay_inputs, outputs + buttons, api_name="play", concurrency_limit=8, **quiet)
+    stops = {"cancels": [play]}
 
-    def on_upload_trace(path, show_rejected):
-        return pack(_errors(lambda: pg.load_upload(path, shown_rejected(show_rejected))))
+    def on_pause(request: gr.Request):
+        _stop_playing(pg, request.session_hash)
+        return PAUSED
 
-    # Raw (preprocess=False): Gradio's own check of a label not in the list named no control and logged a traceback.
-    ui["load_trace"].click(on_load_trace, [ui["trace_select"], show], outputs, api_name="load_trace",
-                           **loud, preprocess=False)
-    ui["upload"].upload(on_upload_trace, [ui["upload"], show], outputs, api_name="upload_trace", **loud)
+    ui["pause"].click(on_pause, None, buttons, api_visibility="private", queue=False, show_progress="hidden", **stops)
+    _wire_loading(pg, ui, outputs, buttons, {**loud, **stops})
+
     def frame_handler(draw: Callable[..., dict[str, Any]]) -> Callable[..., tuple]:
-        """A replay control's handler: draws `draw(trace, frame, block, show_rejected)`, except while this session's
-        generation streams (its live view must not be painted over with the previous run's frame)."""
+        """A replay control's handler: pauses a playing replay and draws `draw(trace, frame, block, show_rejected)`,
+        except while this session's generation streams (its live view must not be painted over with the previous
+        run's frame)."""
         def handler(trace, frame, block, show_rejected, request: gr.Request):
             if pg.runs.look(request.session_hash) is not None:
-                return pack({"replay_label": REPLAY_WAITS})
-            return pack(_errors(lambda: draw(trace, frame, block, shown_rejected(show_rejected))))
+                return pack({"replay_label": REPLAY_WAITS}) + PAUSED
+            _stop_playing(pg, request.session_hash)
+            return pack(_errors(lambda: draw(trace, frame, block, shown_rejected(show_rejected)))) + PAUSED
         return handler
 
     def on_show_rejected(trace, frame, block, show_rejected, request: gr.Request):
@@ -232,13 +264,41 @@ def _wire_replay(pg: Playground, ui: dict[str, Any], outputs: list) -> None:
 
     # `input`, not `release`: arrow keys and a value typed into the slider's box fire input only (release waits for the
     # box to lose focus); while a pointer drags, the last value wins.
-    scrub = {"trigger_mode": "always_last", **quiet}
-    ui["replay"].input(frame_handler(pg.show_frame), replay_inputs, outputs, api_name="show_frame", **scrub)
-    ui["prev"].click(frame_handler(lambda t, f, b, s: pg.step(t, f, -1, b, s)), replay_inputs, outputs,
-                     api_name="step_prev", **quiet)
-    ui["next"].click(frame_handler(lambda t, f, b, s: pg.step(t, f, 1, b, s)), replay_inputs, outputs,
-                     api_name="step_next", **quiet)
-    ui["play"].click(on_play, replay_inputs, outputs, api_name="play", concurrency_limit=8, **quiet)
+    scrub = {"trigger_mode": "always_last", **quiet, **stops}
+    steps = outputs + buttons
+    ui["replay"].input(frame_handler(pg.show_frame), replay_inputs, steps, api_name="show_frame", **scrub)
+    ui["prev"].click(frame_handler(lambda t, f, b, s: pg.step(t, f, -1, b, s)), replay_inputs, steps,
+                     api_name="step_prev", **quiet, **stops)
+    ui["next"].click(frame_handler(lambda t, f, b, s: pg.step(t, f, 1, b, s)), replay_inputs, steps,
+                     api_name="step_next", **quiet, **stops)
     ui["inspect_block"].input(frame_handler(lambda t, f, b, s: pg.show_frame(t, f, b, s, charts=False)),
-                              replay_inputs, outputs, api_visibility="private", **scrub)
+                              replay_inputs, steps, api_visibility="private", **scrub)
     ui["show_rejected"].change(on_show_rejected, replay_inputs, outputs, api_visibility="private", **quiet)
+
+
+def _wire_loading(pg: Playground, ui: dict[str, Any], outputs: list, buttons: list, run: dict[str, Any]) -> None:
+    """Load a bundled trace or upload one (`run`: their event settings, cancelling Play): what played stops, and a
+    trace that loaded sets the prompt and the controls it was recorded with (a refused one leaves them)."""
+    show, controls = ui["show_rejected"], [ui[k] for k in RECORDED]
+
+    def on_load_trace(label, show_rejected, request: gr.Request):
+        _stop_playing(pg, request.session_hash)
+        return pack(_errors(lambda: pg.load_bundled(label, shown_rejected(show_rejected))))
+
+    def on_upload_trace(path, show_rejected, request: gr.Request):
+        _stop_playing(pg, request.session_hash)
+        return pack(_errors(lambda: pg.load_upload(path, shown_rejected(show_rejected))))
+
+    def on_loaded(state):
+        trace = trace_from_state(state)
+        values = recorded_controls(trace, pg.settings.max_new_tokens) if trace is not None else {}
+        return tuple(values.get(k, gr.skip()) for k in RECORDED) + PAUSED
+
+    # Raw (preprocess=False): Gradio's own check of a label not in the list named no control and logged a traceback.
+    loads = (ui["load_trace"].click(on_load_trace, [ui["trace_select"], show], outputs, api_name="load_trace", **run,
+                                    preprocess=False),
+             ui["upload"].upload(on_upload_trace, [ui["upload"], show], outputs, api_name="upload_trace", **run))
+    for load in loads:
+        load.success(on_loaded, ui["trace"], controls + buttons, api_visibility="private", queue=False,
+                     show_progress="hidden")
+        load.failure(lambda: PAUSED, None, buttons, api_visibility="private", queue=False, show_progress="hidden")

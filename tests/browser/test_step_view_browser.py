@@ -1,0 +1,142 @@
+"""The step view in Debian's Chromium (Playwright): Prev / Play-Pause / Next beside the block inspector and their keys,
+a loaded or uploaded trace stopping what plays and setting the controls it was recorded with, and chart notes that
+fit on a desktop and on a phone. One page for the module (the tests run in order on it). Skipped cleanly when
+Chromium or Playwright is missing."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.browser import test_playground_browser as harness
+from ui.replay import TRACES_DIR, frames, load_trace_file
+from ui.text import EXAMPLES
+
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(not Path(harness.CHROMIUM).exists(), reason="Debian's chromium is not installed")]
+browser = harness.browser  # the same fixture: one Chromium for this module
+expect = harness.expect
+LABEL = "#replay-label"
+
+
+@pytest.fixture(scope="module")
+def app():
+    from tests.ui_support import tiny_text_engine
+    from ui import build_demo, launch_kwargs
+    from ui.handlers import Settings
+
+    torch.set_num_threads(1)
+    demo = build_demo({"default": tiny_text_engine(block_size=8)}, settings=Settings(play_delay_s=0.25))
+    _, url, _ = demo.launch(**launch_kwargs(server_port=None, prevent_thread_lock=True, quiet=True))
+    yield url
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def page(app, browser):
+    p = harness.open_page(browser, app)
+    yield p
+    p.close()
+
+
+def last_frame_label(name: str) -> str:
+    """The frame sentence's start at the last frame of the bundled trace `name`, as a loaded trace shows it."""
+    n = len(frames(load_trace_file(TRACES_DIR / name).events)) - 1
+    return f"Frame {n}/{n}: finished"
+
+
+def load_bundled(page, title_start: str) -> None:
+    page.get_by_role("tab", name="Replay and step mode").click()
+    page.locator("#trace-select input").click()
+    page.get_by_role("option", name=title_start).first.click()
+    page.click("#load-trace")
+    expect(page.locator("#status")).to_contain_text(f"Loaded bundled trace: {title_start}")
+
+
+def press_on_page(page, key: str) -> None:
+    """A key pressed with nothing focused (the page itself)."""
+    page.evaluate("document.activeElement && document.activeElement.blur()")
+    page.keyboard.press(key)
+
+
+def in_accordion(page, selector: str, accordion: str):
+    """`selector` inside a closed accordion (not in the page until it opens): the accordion opened."""
+    if not page.locator(selector).count():
+        page.locator(f"button:has-text('{accordion}')").first.click()
+    return page.locator(selector)
+
+
+def test_loading_a_bundled_trace_sets_the_prompt_and_its_controls(page):
+    """The code trace was recorded with 2 denoising steps and a 0.5 confidence threshold: loading it sets those (before,
+    Denoising steps stayed at 1 and the prompt box empty, so Generate ran something else)."""
+    load_bundled(page, "Code · SmolLM2 + trained draft, block 8, 2 denoising steps")
+    expect(page.locator("#prompt textarea")).to_have_value(dict(EXAMPLES)["Code"])
+    expect(page.locator("#steps input[type=number]")).to_have_value("2")
+    expect(page.locator("#confidence input[type=number]")).to_have_value("0.5")
+    expect(in_accordion(page, "#max-new-tokens input[type=number]", "Sampling and length")).to_have_value("48")
+    expect(page.locator(LABEL)).to_contain_text(last_frame_label("code.json"))
+
+
+def test_the_step_buttons_sit_on_the_inspector_and_the_keys_move_it(page):
+    """Prev / Play / Next directly above the block inspector (they were ~1,250 px below it); ← → step and space plays
+    and pauses, except while typing; a key brings the inspector back into view."""
+    bar, insp = page.locator("#step-next").bounding_box(), page.locator("#block-inspector").bounding_box()
+    assert 0 <= insp["y"] - (bar["y"] + bar["height"]) < 80
+    done = last_frame_label("code.json")
+    press_on_page(page, "ArrowLeft")
+    expect(page.locator(LABEL)).not_to_contain_text("finished")
+    expect(page.locator(LABEL)).to_contain_text("Frame ")
+    before = page.locator(LABEL).inner_text()
+    page.locator("#prompt textarea").press("ArrowLeft")  # typing: the text cursor moves, not the replay
+    time.sleep(1.0)
+    assert page.locator(LABEL).inner_text() == before
+    press_on_page(page, "ArrowRight")
+    expect(page.locator(LABEL)).to_contain_text(done)
+    page.set_viewport_size({"width": 1440, "height": 600})
+    try:
+        page.evaluate("window.scrollTo(0, 0)")
+        if page.locator("#block-inspector").bounding_box()["y"] > 600:  # below the screen, as on a short laptop
+            press_on_page(page, "ArrowLeft")
+            expect(page.locator("#block-inspector")).to_be_in_viewport()
+    finally:
+        page.set_viewport_size({"width": 1440, "height": 1100})
+    box = page.locator("#replay-step input[type=number]")
+    box.fill("0")  # from the first frame: a playback of ~20 s
+    box.press("Enter")
+    expect(page.locator(LABEL)).to_contain_text("Frame 0/")
+    press_on_page(page, " ")  # Play: it becomes Pause and the frames move, block after block
+    expect(page.locator("#pause")).to_be_visible()
+    expect(page.locator("#play")).to_be_hidden()
+    expect(page.locator(LABEL)).to_contain_text(re.compile(r"Frame ([2-9]|\d\d)/"))
+    expect(page.locator("#block-inspector .insp-summary")).to_contain_text(re.compile(r"Block [1-9]"))
+    press_on_page(page, " ")  # Pause: Play again, and the frame stays
+    expect(page.locator("#play")).to_be_visible()
+    expect(page.locator("#pause")).to_be_hidden()
+    paused = page.locator(LABEL).inner_text()
+    time.sleep(1.0)
+    assert page.locator(LABEL).inner_text() == paused and "finished" not in paused
+    page.click("#step-next")
+    expect(page.locator(LABEL)).not_to_have_text(paused)
+
+
+def test_uploading_while_play_runs_stops_it_and_shows_the_new_trace(page):
+    """Before, the status said "Loaded upload trace" while the old trace went on playing over it; now the upload stops
+    the playback, shows the new trace at its end, and sets the controls it was recorded with (slow-start, 1 step)."""
+    page.click("#play")
+    expect(page.locator("#pause")).to_be_visible()
+    expect(page.locator(LABEL)).not_to_contain_text("finished")
+    page.locator("#trace-upload input[type=file]").set_input_files(str(TRACES_DIR / "maths.json"))
+    expect(page.locator("#status")).to_contain_text("Loaded upload trace: Maths")
+    done = last_frame_label("maths.json")
+    expect(page.locator(LABEL)).to_contain_text(done)
+    expect(page.locator("#play")).to_be_visible()
+    time.sleep(1.5)  # ~6 frames of the old playback, had it gone on
+    expect(page.locator(LABEL)).to_contain_text(done)
+    expect(page.locator("#token-legend .dfl-prompt")).to_contain_text("17 multiplied by 24")
+    expect(page.locator("#prompt textarea")).to_have_value(dict(EXAMPLES)["Maths"])
+    expect(page.locator("#steps input[type=number]")).to_have_value("1")
+    expect(in_accordion(page, "#adaptive input[value='slow-start']", "Adaptive block length")).to_be_checked()
