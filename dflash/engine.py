@@ -1,6 +1,6 @@
 """THE generation loop. `Engine.stream(request)` yields typed events; everything else drains it.
 
-One step (`Engine._step`): draft a block [last committed, MASK × (b-1)] → verify it with one target forward (KV
+One step (`dflash.step.run_block`): propose a block [last committed, proposals] → verify it with one target forward (KV
 cache, hooks capture the draft's feature layers) → accept the longest allowed prefix + the target's own token →
 crop the target cache to the committed length → let the controller pick the next block size. Without a draft the
 same loop verifies blocks of size 1: the autoregressive baseline. Per-request state lives in `dflash.step.Run`.
@@ -27,10 +27,10 @@ from dflash.drafter import Drafter
 from dflash.errors import BusyError, ValidationError
 from dflash.limits import block_sizes, check_context
 from dflash.lookup import CopyProposer
-from dflash.proposer import Proposal, Proposer
+from dflash.proposer import Proposer
 from dflash.request import MAX_PROMPT_TOKENS, Request
 from dflash.stats import compute_stats
-from dflash.step import Run, StepResult, TextStream, verify_rule
+from dflash.step import Recorder, Run, TextStream, run_block, verify_rule
 from dflash.target import Target, chat_prompt_ids
 
 log = logging.getLogger("dflash")
@@ -101,6 +101,8 @@ class Engine:
         self._texts: dict[int, str] = {}
         self.host = None  # dflash.host.HostSettings: the CPU settings load_engine chose (None: not chosen there)
         self.draft_source: str | None = None  # where the draft was loaded from, when its loader says (DFlashModel)
+        # What a block's events need from the engine: token texts, and the clock for commit times (injectable).
+        self._recorder = Recorder(self.token_texts, lambda: self.clock())
 
     @property
     def draft_vocab(self) -> torch.Tensor | None:
@@ -282,7 +284,7 @@ class Engine:
 
     def _loop(self, run: Run, prompt_ids: list[int], sizes: tuple[int, int, int],
               stopped: Stopped) -> Generator[ev.Event, None, Finish]:
-        """The prefill, then one `_step` per block until the output ends or `stopped()` says why to stop.
+        """The prefill, then one `run_block` per block until the output ends or `stopped()` says why to stop.
         Yields the events; returns (finish reason, message).
 
         Each proposer of the chain has its own block-size controller: their acceptance differs too much (a copy is
@@ -302,7 +304,7 @@ class Engine:
             if finish:
                 return finish
             block += 1
-            step = yield from self._step(run, block, chosen)
+            step = yield from run_block(self.target, run, block, chosen, self._recorder)
             if step.finish:
                 return step.finish, ""
             c = controllers.get(step.source)
@@ -318,7 +320,7 @@ class Engine:
             return why
         first = run.rule.pick(logits[-1:], [len(prompt_ids)])[0]
         yield ev.Prefill(n_prompt_tokens=len(prompt_ids), ms=(time.perf_counter() - t0) * 1000)
-        commit, why = self._commit(run, 0, [first], [ev.BONUS], [-1.0], [first], logits[-1:], len(prompt_ids))
+        commit, why = self._recorder.commit(run, 0, [first], [ev.BONUS], [-1.0], [first], logits[-1:], len(prompt_ids))
         yield commit
         run.feed(feats, 0)  # the prompt's features become the proposers' first context
         return (why, "") if why else None
@@ -340,68 +342,3 @@ class Engine:
             if f is not None:
                 feats.append(f)
         return logits, (torch.cat(feats, 1) if feats else None), None
-
-    def _step(self, run: Run, block: int, chosen: dict[str, tuple[int, str]]) -> Generator[ev.Event, None, StepResult]:
-        """One block: propose (`_propose`), verify with one target forward over [anchor, proposals], accept, crop the
-        target cache. Yields BlockSize, DraftStep × (at most S), Verify, Commit; returns the StepResult."""
-        start = len(run.seq) - 1  # absolute position of the anchor (last committed token, not yet in the cache)
-        source, b, reason, proposal = self._propose(run, chosen)
-        yield ev.BlockSize(block=block, size=b, reason=reason, source=source)
-        for s in proposal.steps if proposal else []:
-            yield ev.DraftStep(block=block, token_texts=self.token_texts(s["tokens"]), **s)
-        drafted = proposal.tokens if proposal else []
-        t0 = time.perf_counter()
-        block_ids = torch.tensor([[run.seq[-1]] + drafted], device=self.target.device)
-        logits, feats = self.target.forward(block_ids, run.cache, capture=run.captures)  # [b, V], [1, b, k*H]
-        res = run.rule.verify(drafted, proposal, logits, list(range(start + 1, start + b + 1)))
-        verify_ms = (time.perf_counter() - t0) * 1000
-        a = res.accepted_len
-        # Keep the target cache and the proposers' features for the anchor + accepted drafts only.
-        Target.crop(run.cache, start + a + 1)
-        run.feed(feats[:, : a + 1] if feats is not None else None, start)
-        draft_ms = proposal.ms if proposal else 0.0
-        yield ev.Verify(block=block, start=start, block_size=b, draft_tokens=drafted,
-                        draft_texts=self.token_texts(drafted), target_tokens=res.target_tokens,
-                        target_texts=self.token_texts(res.target_tokens),
-                        accepted=[i < a for i in range(len(drafted))], accepted_len=a, next_token=res.next_token,
-                        draft_ms=draft_ms, verify_ms=verify_ms, relaxed=res.relaxed, source=source)
-        kinds = [source] * a + [ev.CORRECTION if a < len(drafted) else ev.BONUS]
-        confs = (proposal.confidences[:a] if proposal else []) + [-1.0]
-        commit, why = self._commit(run, block, drafted[:a] + [res.next_token], kinds, confs, res.target_tokens[: a + 1],
-                                   logits[: a + 1], start + 1)
-        yield commit
-        return StepResult(commit.token_ids, BlockOutcome(b, a, draft_ms, verify_ms), why, source)
-
-    def _propose(self, run: Run, chosen: dict[str, tuple[int, str]]) -> tuple[str, int, str, Proposal | None]:
-        """Ask the chain in order, each proposer at its controller's size clipped to the tokens left; the first
-        proposal wins. Returns (its proposer's name, block size, the BlockSize reason, the proposal: None for a block
-        of one). Without proposers, or when all decline, the block is one target step."""
-        req = run.req
-        left = req.max_new_tokens - len(run.out) + 1
-        for p, state in zip(run.chain, run.states):
-            size, reason = chosen[p.name]
-            b = min(size, left)
-            reason = reason if b == size else f"{reason}; clipped to {b} (tokens left)"
-            if b < 2:
-                return p.name, 1, reason, None
-            proposal = p.propose(state, run.seq, b, req.diffusion_steps, req.confidence_threshold, run.rule.draft_sampling)
-            if proposal is not None:
-                return p.name, b, f"{proposal.note}; {reason}" if proposal.note else reason, proposal
-        if not run.chain:
-            return ev.DRAFT, 1, chosen[ev.DRAFT][1], None
-        return run.chain[-1].name, 1, "no proposer proposed: one target step", None
-
-    def _commit(self, run: Run, block: int, new: list[int], kinds: list[str], confs: list[float],
-                targets: list[int], logits: torch.Tensor, pos: int) -> tuple[ev.Commit, str | None]:
-        """Append tokens, stopping at EOS/stop ids and max_new_tokens. Returns (Commit event, finish reason).
-        `logits` [len(new), V]: the target's rows that chose `new`, at absolute positions pos, pos + 1, … (their
-        decision margins: `MatchRule.margins`)."""
-        keep, why = run.take(new)
-        # The last commit flushes a held-back partial character, so the deltas add up to Finished.text (a run
-        # stopped by cancel, deadline or error can end without its last incomplete character in the deltas).
-        delta = run.text.push(keep, final=why is not None)
-        n = len(keep)
-        return ev.Commit(block=block, token_ids=keep, kinds=kinds[:n], texts=self.token_texts(keep), text_delta=delta,
-                         n_out=len(run.out), confidences=confs[:n], target_tokens=targets[:n],
-                         target_gaps=run.rule.margins(logits[:n], list(range(pos, pos + n))) if n else [],
-                         t_ms=(self.clock() - run.t_start) * 1000), why

@@ -1,5 +1,5 @@
-"""One request's state between the engine's steps: its verification rule, its caches and output, and what a
-step reports back to the loop.
+"""One block of a request, top to bottom (`run_block`), and the state it works on: the request's verification rule,
+its caches, proposers and output (`Run`), and what a block reports back to the engine's loop (`StepResult`).
 
 The rule is chosen once per request (`verify_rule`): the *match* rule (greedy, Gumbel-max sampling, or relaxed
 with acceptance_threshold < 1) or, for sampled requests that ask for it, the lossless *rejection* rule.
@@ -7,6 +7,8 @@ with acceptance_threshold < 1) or, for sampled requests that ask for it, the los
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +19,7 @@ from dflash.adaptive import BlockOutcome
 from dflash.proposer import Proposal, Proposer
 from dflash.request import Request
 from dflash.sampling import GUMBEL_TARGET, UNIFORM_ACCEPT, gumbel_noise, uniform_noise
+from dflash.target import Target
 from dflash.verify import Outcome, top2_gap
 from dflash.verify_dispatch import match_verify, speculative_verify  # on CUDA the faster of Triton and dflash.verify
 
@@ -184,3 +187,79 @@ class StepResult:
     outcome: BlockOutcome  # block size, accepted drafts, draft and verify ms (the block-size controller's input)
     finish: str | None  # "eos", "stop" or "length" when the output ended with this block, else None
     source: str = ev.DRAFT  # the proposer whose block it was (its controller learns from the outcome)
+
+
+@dataclass(frozen=True)
+class Recorder:
+    """What a block's events need from the engine: token texts and the clock of commit times."""
+
+    texts: Callable[[list[int]], list[str]]
+    clock: Callable[[], float]
+
+    def commit(self, run: Run, block: int, new: list[int], kinds: list[str], confs: list[float], targets: list[int],
+               logits: torch.Tensor, pos: int) -> tuple[ev.Commit, str | None]:
+        """Append tokens, stopping at EOS/stop ids and max_new_tokens. Returns (Commit event, finish reason).
+        `logits` [len(new), V]: the target's rows that chose `new`, at absolute positions pos, pos + 1, … (their
+        decision margins: `MatchRule.margins`)."""
+        keep, why = run.take(new)
+        # The last commit flushes a held-back partial character, so the deltas add up to Finished.text (a run
+        # stopped by cancel, deadline or error can end without its last incomplete character in the deltas).
+        delta = run.text.push(keep, final=why is not None)
+        n = len(keep)
+        return ev.Commit(block=block, token_ids=keep, kinds=kinds[:n], texts=self.texts(keep), text_delta=delta,
+                         n_out=len(run.out), confidences=confs[:n], target_tokens=targets[:n],
+                         target_gaps=run.rule.margins(logits[:n], list(range(pos, pos + n))) if n else [],
+                         t_ms=(self.clock() - run.t_start) * 1000), why
+
+
+def run_block(target: Target, run: Run, block: int, chosen: dict[str, tuple[int, str]],
+              rec: Recorder) -> Generator[ev.Event, None, StepResult]:
+    """One block: propose (`propose`), verify with one target forward over [anchor, proposals], accept the longest
+    allowed prefix and the target's own next token, crop the target cache. `chosen`: each proposer's (size, reason)
+    from its controller. Yields BlockSize, DraftStep × (at most S), Verify, Commit; returns the StepResult."""
+    start = len(run.seq) - 1  # absolute position of the anchor (last committed token, not yet in the cache)
+    source, b, reason, proposal = propose(run, chosen)
+    yield ev.BlockSize(block=block, size=b, reason=reason, source=source)
+    for s in proposal.steps if proposal else []:
+        yield ev.DraftStep(block=block, token_texts=rec.texts(s["tokens"]), **s)
+    drafted = proposal.tokens if proposal else []
+    t0 = time.perf_counter()
+    block_ids = torch.tensor([[run.seq[-1]] + drafted], device=target.device)
+    logits, feats = target.forward(block_ids, run.cache, capture=run.captures)  # [b, V], [1, b, k*H]
+    res = run.rule.verify(drafted, proposal, logits, list(range(start + 1, start + b + 1)))
+    verify_ms = (time.perf_counter() - t0) * 1000
+    a = res.accepted_len
+    # Keep the target cache and the proposers' features for the anchor + accepted drafts only.
+    Target.crop(run.cache, start + a + 1)
+    run.feed(feats[:, : a + 1] if feats is not None else None, start)
+    draft_ms = proposal.ms if proposal else 0.0
+    yield ev.Verify(block=block, start=start, block_size=b, draft_tokens=drafted, draft_texts=rec.texts(drafted),
+                    target_tokens=res.target_tokens, target_texts=rec.texts(res.target_tokens),
+                    accepted=[i < a for i in range(len(drafted))], accepted_len=a, next_token=res.next_token,
+                    draft_ms=draft_ms, verify_ms=verify_ms, relaxed=res.relaxed, source=source)
+    kinds = [source] * a + [ev.CORRECTION if a < len(drafted) else ev.BONUS]
+    confs = (proposal.confidences[:a] if proposal else []) + [-1.0]
+    commit, why = rec.commit(run, block, drafted[:a] + [res.next_token], kinds, confs, res.target_tokens[: a + 1],
+                             logits[: a + 1], start + 1)
+    yield commit
+    return StepResult(commit.token_ids, BlockOutcome(b, a, draft_ms, verify_ms), why, source)
+
+
+def propose(run: Run, chosen: dict[str, tuple[int, str]]) -> tuple[str, int, str, Proposal | None]:
+    """Ask the chain in order, each proposer at its controller's size clipped to the tokens left; the first proposal
+    wins. Returns (its proposer's name, block size, the BlockSize reason, the proposal: None for a block of one).
+    Without proposers, or when all decline, the block is one target step."""
+    req = run.req
+    left = req.max_new_tokens - len(run.out) + 1
+    for p, state in zip(run.chain, run.states):
+        size, reason = chosen[p.name]
+        b = min(size, left)
+        reason = reason if b == size else f"{reason}; clipped to {b} (tokens left)"
+        if b < 2:
+            return p.name, 1, reason, None
+        proposal = p.propose(state, run.seq, b, req.diffusion_steps, req.confidence_threshold, run.rule.draft_sampling)
+        if proposal is not None:
+            return p.name, b, f"{proposal.note}; {reason}" if proposal.note else reason, proposal
+    if not run.chain:
+        return ev.DRAFT, 1, chosen[ev.DRAFT][1], None
+    return run.chain[-1].name, 1, "no proposer proposed: one target step", None
