@@ -259,6 +259,38 @@ def queued_behind_a_run(paced_app):
         other.close()
 
 
+def test_one_session_flooding_generate_leaves_the_server_to_others(paced_app):
+    """Twenty Generate joins from one session (before: 16 accepted, the queue's size, and every other visitor then got
+    "Queue is full" for every button): one runs, one waits, the rest are refused at once with a message and take no
+    place in the queue. Meanwhile another visitor loads and steps through a trace at once, and its Generate runs."""
+    import httpx
+
+    fn = next(fn for fn in paced_app.demo.fns.values() if fn.api_name == "generate")
+    data = [json.dumps(v) for v in args(max_new_tokens=400)] + ["[]"]  # + the history State
+    flood = f"flood{time.monotonic_ns()}"
+    body = f'{{"data": [{", ".join(data)}], "fn_index": {fn._id}, "session_hash": "{flood}", "event_data": null}}'
+    with httpx.Client(base_url=paced_app.url, timeout=60) as http:
+        answers = [http.post("gradio_api/queue/join", content=body, headers={"content-type": "application/json"})
+                   for _ in range(20)]
+        codes = [r.status_code for r in answers]
+        assert codes.count(200) == 2 and codes.count(422) == 18, codes  # the second may come once the first runs
+        assert codes[0] == 200
+        assert "this session already has a request waiting for its turn" in answers[2].text
+        visitor = Client(paced_app.url, verbose=False)
+        try:
+            started = time.monotonic()
+            loaded = named(visitor.predict(next(iter(bundled_traces())), True, api_name="/load_trace"))
+            stepped = named(visitor.predict(1, 0, True, api_name="/step_prev"))
+            assert loaded["status"].startswith("**Loaded bundled trace:**") and stepped["replay"] == 0
+            assert time.monotonic() - started < 30  # not behind the flood's runs (each ~20 s or more here)
+            job = visitor.submit(*args(max_new_tokens=4), api_name="/generate")  # waits behind the flood's two
+            wait_for(lambda: job.status().code == Status.IN_QUEUE)
+            paced_app.demo.playground.stop(flood)  # the flood's running and waiting requests end
+            assert "Finished (length)" in named(job.result(timeout=300))["status"]
+        finally:
+            visitor.close()
+
+
 def test_stop_reaches_a_request_waiting_in_the_queue(paced_app):
     with queued_behind_a_run(paced_app) as (running, other, waiting):
         assert not running.done()

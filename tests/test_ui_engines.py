@@ -280,8 +280,10 @@ def test_the_playground_refuses_a_bad_setting_at_start_in_one_line(setting, mess
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, **setting, "DFLASH_AUTO_INSTALL": "0"}
     env.pop("SPACE_ID", None)
-    done = subprocess.run([sys.executable, "app.py"], cwd=root, env=env, capture_output=True, text=True, timeout=120,
-                          check=False)
+    from tests.test_ui_serve import free_port  # 7860 may be taken here: the port is checked first
+
+    done = subprocess.run([sys.executable, "app.py", "--port", str(free_port())], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith(f"dflash-playground: {message}")
 

@@ -113,6 +113,16 @@ def test_a_server_name_that_is_not_this_machine_is_named(host):
     assert lines[0].startswith(f"dflash-playground: error: GRADIO_SERVER_NAME: '{host}' is not ") and "address" in lines[0]
 
 
+@pytest.mark.parametrize("name,value,says", [
+    ("DFLASH_WAITING", "20", "DFLASH_WAITING: must be a whole number in [1, 8], got '20'"),
+    ("DFLASH_TRACE_MEMORY_MB", "lots", "DFLASH_TRACE_MEMORY_MB: must be a whole number in [256, 1000000], got 'lots'"),
+])
+def test_a_limit_out_of_its_range_is_one_line(name, value, says):
+    proc = serve("--port", str(free_port()), env={**ENV, name: value})
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"dflash-playground: error: {says} (usage: python app.py --help)"], proc.stderr
+
+
 @pytest.mark.slow
 def test_a_draft_made_for_another_target_is_refused_before_serving(tmp_path):
     """A draft for a deeper target (it reads layer 35 of 40), and one whose config.json is not a draft's."""

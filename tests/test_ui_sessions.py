@@ -15,15 +15,29 @@ class Ticket:
 
 def test_stop_reaches_the_requests_waiting_then_and_no_later_one():
     runs = SessionRuns()
-    a, b, c, other = Ticket(), Ticket(), Ticket(), Ticket()
+    a, c, other = Ticket(), Ticket(), Ticket()
     runs.admit("s", a)
-    runs.admit("s", b)
     runs.admit("other", other)
-    assert runs.stop("s") == Stopped(running=False, queued=2)
+    assert runs.stop("s") == Stopped(running=False, queued=1)
     runs.admit("s", c)  # pressed Generate again after Stop
-    assert [runs.take_admission("s", t) for t in (a, c, b)] == [False, True, False]
+    assert [runs.take_admission("s", t) for t in (a, c)] == [False, True]
     assert runs.take_admission("other", other)
     assert runs.stop("s") == Stopped(running=False, queued=0)
+
+
+def test_one_request_waits_per_session_and_max_waiting_in_all():
+    runs = SessionRuns(max_waiting=2)
+    a, b, c, d = Ticket(), Ticket(), Ticket(), Ticket()
+    runs.admit("s", a)
+    with pytest.raises(BusyError, match="this session already has a request waiting for its turn"):
+        runs.admit("s", b)
+    runs.admit("t", c)
+    with pytest.raises(BusyError, match="the server has 2 requests waiting for their turn: please try again"):
+        runs.admit("u", d)
+    assert runs.take_admission("s", a)  # a starts: the session may queue its next one, and so may another
+    runs.admit("s", b)
+    del c  # a request cancelled while it waited leaves its place
+    runs.admit("u", d)
 
 
 def test_a_cancelled_request_is_forgotten_with_its_ticket():

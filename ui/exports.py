@@ -24,10 +24,10 @@ LOADED_SOURCES = ("bundled", "upload")  # where a loaded trace came from: its ex
 
 
 def write_exports(root: Path, trace: Trace, history: list | None, run_id: int | str,
-                  max_age_s: float = 3600.0) -> dict[str, Any]:
+                  max_age_s: float = 3600.0, max_bytes: int | None = None) -> dict[str, Any]:
     """The download buttons' files for the trace shown: `run_id` a run's number, or the source of a loaded trace
-    ("bundled", "upload"); `history` None leaves the history's file as it is (a loaded trace is not a run)."""
-    prune(root, max_age_s)
+    ("bundled", "upload"); `history` None leaves the history's file as it is (a loaded trace is not a run).
+    Older exports go past `max_age_s`, and the oldest first while the folder holds more than `max_bytes`."""
     if not isinstance(run_id, int) and run_id not in LOADED_SOURCES:  # never text from a request in a file name
         raise ValueError(f"run_id must be a run number or one of {LOADED_SOURCES}, got {run_id!r}")
     d = Path(tempfile.mkdtemp(prefix="run-", dir=root))
@@ -41,17 +41,30 @@ def write_exports(root: Path, trace: Trace, history: list | None, run_id: int | 
         history_path = d / "dflash-history.csv"
         history_path.write_text(history_csv(history, HISTORY_COLUMNS), encoding="utf-8")
         out["export_history"] = str(history_path)
+    prune(root, max_age_s, max_bytes, keep=d)
     return out
 
 
-def prune(root: Path, max_age_s: float) -> None:
-    cutoff = time.time() - max_age_s
+def prune(root: Path, max_age_s: float, max_bytes: int | None = None, keep: Path | None = None) -> None:
+    """Remove the export folders older than `max_age_s`, then the oldest while all hold more than `max_bytes`
+    (never `keep`, the one just written: its buttons point at it). Each load of a 20 MB trace writes ~20 MB here."""
+    cutoff, kept = time.time() - max_age_s, []
     for d in root.glob("run-*"):
         try:
-            if d.stat().st_mtime < cutoff:
+            made = d.stat().st_mtime
+            if made < cutoff:
                 shutil.rmtree(d, ignore_errors=True)
-        except OSError:
+            else:
+                kept.append((made, sum(f.stat().st_size for f in d.iterdir()), d))
+        except OSError:  # removed meanwhile by another session's prune
             pass
+    total = sum(size for _, size, _ in kept)
+    for _, size, d in sorted(kept, key=lambda k: k[0]):
+        if max_bytes is None or total <= max_bytes:
+            return
+        if d != keep:
+            shutil.rmtree(d, ignore_errors=True)
+            total -= size
 
 
 def history_row(run_id: int, source: str, preset: Any, events: list) -> dict[str, Any]:

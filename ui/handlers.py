@@ -38,6 +38,7 @@ from .replay import (Replay, Trace, TraceError, bundled_traces, events_at, frame
                      speed_words)
 from .run_state import RunState, as_state
 from .sessions import GENERATION, REPLAY, SessionRuns
+from .trace_store import TraceStore, dropped_message
 
 USER_ERRORS = (DFlashError, TraceError)  # messages written for users; shown as they are
 
@@ -61,6 +62,11 @@ class Settings:
     play_delay_s: float = 0.3  # replay animation, per frame
     export_max_age_s: float = 3600.0
     history_rows: int = 100  # per session: the latest runs it keeps (and sends back and exports at every run)
+    # Server limits an operator sets (ui/serve.py reads them from the environment; docs/deploy.md, "Limits").
+    trace_memory_mb: float = 1024.0  # the decoded traces of all sessions together (ui/trace_store.py)
+    session_idle_s: float = 3600.0  # a session's trace unused this long is let go
+    exports_mb: float = 1024.0  # the export folder's files, all sessions together (oldest removed first)
+    waiting_generations: int = 8  # Generate / Compare requests waiting in the queue, all sessions together
 
     def __post_init__(self):
         negative = [f.name for f in dataclasses.fields(self) if getattr(self, f.name) < 0]
@@ -84,11 +90,6 @@ def defaults(block_size: int = 16) -> dict[str, Any]:
 
 def trace_from_state(state: dict | None) -> Trace | None:
     return state["replay"].trace if state else None
-
-
-def trace_state(trace: Trace, **extra: Any) -> dict:
-    """A session's trace for its gr.State: the decoded trace with its replay cursor, plus where it came from."""
-    return {"replay": Replay(trace), **extra}
 
 
 def view(events: RunState | list, show_rejected: bool = True, block: int | None = None,
@@ -119,11 +120,18 @@ class Playground:
     def __init__(self, engines: EngineProvider, settings: Settings | None = None, export_root: str | None = None):
         self.engines = engines
         self.settings = settings or Settings()
-        self.runs = SessionRuns()
+        self.runs = SessionRuns(self.settings.waiting_generations)
+        self.traces = TraceStore(int(self.settings.trace_memory_mb * 2**20), self.settings.session_idle_s,
+                                 dropped_message(self.settings))
         self._gpu_number = gpu.register(engines)  # before any GPU call, so that the ZeroGPU worker has it
         root = Path(export_root or Path(tempfile.gettempdir()) / "gradio") / "dflash-exports"
         root.mkdir(parents=True, exist_ok=True)
         self.export_root = root
+
+    def trace_state(self, trace: Trace, **extra: Any) -> dict:
+        """A session's trace for its gr.State: the decoded trace with its replay cursor (held under the server's
+        memory budget), plus where it came from."""
+        return {"replay": self.traces.hold(Replay(trace)), **extra}
 
     # -- stop --------------------------------------------------------------------------------------------------
     def stop(self, session: str) -> str:
@@ -208,7 +216,7 @@ class Playground:
         if look.step_mode:
             status += " · Step mode: press **Next ▶** (above the block inspector, or →) to walk through it."
         return {**view(events_at(events, frame), look.show_rejected, hw=look.hw), "status": status,
-                "trace": trace_state(trace, source="run", preset=preset, run_id=run_id, hardware=look.hw),
+                "trace": self.trace_state(trace, source="run", preset=preset, run_id=run_id, hardware=look.hw),
                 **_cursor(n_frames, frame, frame_label(events, frame), events), **_history_views(history),
                 **self.exports(trace, history, run_id)}
 
@@ -282,7 +290,7 @@ class Playground:
         run = timed if replace else trace.events
         trace, run_id = Trace(run, trace.meta, base), state.get("run_id", 0)
         history = with_comparison(history, run_id, comp, run if replace else None)
-        new = trace_state(trace, **{k: v for k, v in state.items() if k not in ("replay", "compare")}, compare=comp)
+        new = self.trace_state(trace, **{k: v for k, v in state.items() if k not in ("replay", "compare")}, compare=comp)
         replay, hw = new["replay"], state.get("hardware", "")
         with replay.lock:
             shown = view(replay.seek(replay.n_frames - 1), show_rejected, baseline=base, compare=comp, hw=hw)
@@ -309,7 +317,7 @@ class Playground:
         comp = comparison(trace.events, trace.baseline, dtype_of(hw)) if trace.baseline else None
         title = render.md_text(str(trace.meta.get("title", "trace")))
         note = render.md_text(str(trace.meta.get("note", "")))
-        state = trace_state(trace, source=source, compare=comp, hardware=hw)
+        state = self.trace_state(trace, source=source, compare=comp, hardware=hw)
         replay = state["replay"]
         last = replay.n_frames - 1
         with replay.lock:
@@ -362,7 +370,8 @@ class Playground:
 
     # -- exports ----------------------------------------------------------------------------------------------
     def exports(self, trace: Trace, history: list | None, run_id: int | str) -> dict[str, Any]:
-        return write_exports(self.export_root, trace, history, run_id, self.settings.export_max_age_s)
+        return write_exports(self.export_root, trace, history, run_id, self.settings.export_max_age_s,
+                             int(self.settings.exports_mb * 2**20))
 
 
 def _n_blocks(events: list) -> int:

@@ -15,6 +15,7 @@ import io
 import itertools
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -246,21 +247,38 @@ class Replay:
 
     Moving to a neighbouring frame adds (forward) or takes back (backward) only the events between the two, so a
     step costs its own events and a jump its distance. Handlers of one session can run at once (Play and Next):
-    hold `lock` from `seek` until the frame is drawn.
+    hold `lock` from `seek` until the frame is drawn. The server's TraceStore (ui/trace_store.py) may `release` it to
+    free memory: every later use raises TraceError with the store's message.
     """
 
     def __init__(self, trace: Trace):
-        self.trace = trace
+        self._trace: Trace | None = trace
         self.ends = frames(trace.events) or [len(trace.events) - 1]  # the event index that ends each frame
         self.n_blocks = max((e.block for e in trace.events if isinstance(e, ev.Commit)), default=0)
         self.lock = threading.Lock()
         self.processed = 0  # events added to or taken back from the view state so far
         self._state, self._next = RunState(undoable=True), 0  # the state holds events[:_next]
         self._baseline: RunState | None = None
+        self.on_use: Callable[[], None] | None = None  # the holding store's: this trace is in use now
+        self.released: str | None = None  # why the trace was let go (the message a user gets)
+
+    @property
+    def trace(self) -> Trace:
+        if self.released is not None:
+            raise TraceError(self.released)
+        if self.on_use is not None:
+            self.on_use()
+        return self._trace
+
+    def release(self, message: str) -> None:
+        """Let go of the trace and the view state (their memory); later uses raise TraceError(message)."""
+        with self.lock:
+            self.released = message
+            self._trace, self._state, self._baseline = None, None, None
 
     @property
     def n_frames(self) -> int:
-        return len(self.ends)
+        return len(self.ends) if self.trace else 0
 
     def clamp(self, frame: int) -> int:
         return max(0, min(frame, self.n_frames - 1))

@@ -25,6 +25,13 @@ from dflash.registry import draft_dir_problem
 DRAFT_ENV = "DFLASH_DRAFT"
 PORT_ENV, DEFAULT_PORT = "GRADIO_SERVER_PORT", 7860
 HOST_ENV, DEFAULT_HOST = "GRADIO_SERVER_NAME", "127.0.0.1"
+# Server limits an operator may set: variable → (Settings field, unit it is given in, least, most). Defaults: the
+# Settings fields' (ui/handlers.py); docs/deploy.md, "Limits", says what each bounds. At most 8 requests waiting:
+# half of Gradio's queue (16 places, ui/layout.py), so that replays and trace loads always find room in it.
+LIMITS = {"DFLASH_TRACE_MEMORY_MB": ("trace_memory_mb", 1, 256, 10**6),
+          "DFLASH_IDLE_MINUTES": ("session_idle_s", 60, 1, 7 * 24 * 60),
+          "DFLASH_EXPORTS_MB": ("exports_mb", 1, 64, 10**6),
+          "DFLASH_WAITING": ("waiting_generations", 1, 1, 8)}
 PROG = "dflash-playground"
 
 
@@ -52,7 +59,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 "port).",
         epilog="Environment: DFLASH_THREADS (torch's CPU threads), DFLASH_DTYPE (float32 = exact | bfloat16 = fast), "
                "DFLASH_PROBE (0: skip the CPU settings probe; refresh: measure again), DFLASH_PRESETS (presets visitors "
-               "may load besides the default, or 'all'), DFLASH_DRAFT (as --draft).")
+               "may load besides the default, or 'all'), DFLASH_DRAFT (as --draft); the server's limits "
+               "DFLASH_TRACE_MEMORY_MB, DFLASH_IDLE_MINUTES, DFLASH_EXPORTS_MB, DFLASH_WAITING (docs/deploy.md).")
     parser.add_argument("--draft", metavar="DIR", default=os.environ.get(DRAFT_ENV) or None,
                         help="serve the default target with this DFlash draft directory (config.json + "
                              "model.safetensors, e.g. what `python -m dflash train fit --out DIR` wrote) instead of "
@@ -72,6 +80,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     problem = address_problem(os.environ.get(HOST_ENV) or DEFAULT_HOST, args.port)
     if problem:
         parser.error(problem)
+    args.limits = {}
+    for name, (field, unit, lo, hi) in LIMITS.items():
+        raw = os.environ.get(name, "").strip()
+        if raw:
+            value = int(raw) if raw.isdigit() else None
+            if value is None or not lo <= value <= hi:
+                parser.error(f"{name}: must be a whole number in [{lo}, {hi}], got {raw[:40]!r}")
+            args.limits[field] = value * unit
     return args
 
 
@@ -111,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     from dflash.host import env_threads
     from . import build_demo, launch_kwargs
     from .engines import EngineProvider
+    from .handlers import Settings
     from .space_setup import prepare_default_target
 
     try:
@@ -133,4 +150,4 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{PROG}: error: --draft: {message.removeprefix('draft: ')}", file=sys.stderr)
             raise SystemExit(2) from None
         raise SystemExit(f"{PROG}: {message}") from None
-    build_demo(provider).launch(**launch_kwargs(server_port=args.port))
+    build_demo(provider, settings=Settings(**args.limits)).launch(**launch_kwargs(server_port=args.port))

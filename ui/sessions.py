@@ -8,6 +8,11 @@ each of them then ends at its start without running. A request is known by its t
 queued it (the validator and the handler see the same object): a count would go wrong when a client cancels a
 waiting request, which then never starts, and Stop would count it and drop the session's next request instead.
 Tickets are held weakly, so a cancelled request's is forgotten with it.
+
+`admit` also bounds the queue: a session may have one generation waiting (beside the one it runs), and all sessions
+together `max_waiting`; a request past either is refused as it arrives (BusyError), so it takes no place in the queue.
+One client could fill Gradio's queue before (16 places, shared by every event), and every visitor then got "Queue is
+full" for every button, replays and trace loading included.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ class Stopped:
 
 
 class SessionRuns:
-    def __init__(self) -> None:
+    def __init__(self, max_waiting: int = 8) -> None:
+        self.max_waiting = max_waiting
         self._lock = threading.Lock()
         self._active: dict[str, tuple[threading.Event, str]] = {}  # session → (Stop flag, GENERATION | REPLAY)
         self._waiting: dict[str, weakref.WeakSet] = {}  # session → tickets admitted to the queue, not started yet
@@ -38,10 +44,17 @@ class SessionRuns:
         self._looks: dict[threading.Event, Any] = {}  # a running generation's Stop flag → how it is shown (RunLook)
 
     def admit(self, session: str, ticket: Any) -> None:
-        """A Generate or Compare request of `session` entered the queue; `ticket` names it (see the docstring)."""
+        """A Generate or Compare request of `session` enters the queue; `ticket` names it (see the docstring).
+        BusyError: the session already has one waiting, or all sessions together `max_waiting`."""
         if ticket is None:  # no HTTP request to know it by: it is not tracked and runs (take_admission)
             return
         with self._lock:
+            if self._waiting.get(session):
+                raise BusyError("this session already has a request waiting for its turn: wait for it to start "
+                                "(or press Stop)")
+            if sum(len(w) for w in self._waiting.values()) >= self.max_waiting:
+                raise BusyError(f"the server has {self.max_waiting} requests waiting for their turn: please try "
+                                "again in a minute")
             self._waiting.setdefault(session, weakref.WeakSet()).add(ticket)
 
     def take_admission(self, session: str, ticket: Any = None) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 import gradio as gr
 
 from dflash.errors import BusyError
+from dflash.errors import BusyError
 from dflash.request import MAX_BLOCK_SIZE
 from . import text
 from .engines import EngineProvider
@@ -143,9 +144,14 @@ def _wire_generation(pg: Playground, ui: dict[str, Any], outputs: list) -> Any:
     def admit(request: gr.Request, *values: Any, **named: Any) -> list:
         """The validator of Generate and Compare, which Gradio runs as a request enters the queue: it tells
         Stop that the session has a request waiting, known by its HTTP request (ui/sessions.py). Validation itself
-        stays in the handler (it names the parameter, and a raw payload may hold anything)."""
-        pg.runs.admit(request.session_hash, request.request)
-        return [gr.validate(True, "")] * (len(values) + len(named))
+        stays in the handler (it names the parameter, and a raw payload may hold anything). A session with a
+        request waiting already, or a full share of the queue, is refused here: the request takes no place in it."""
+        n = len(values) + len(named)
+        try:
+            pg.runs.admit(request.session_hash, request.request)
+        except BusyError as exc:  # shown on the first input (the prompt)
+            return [gr.validate(False, str(exc))] + [gr.validate(True, "")] * (n - 1)
+        return [gr.validate(True, "")] * n
 
     def on_stop(request: gr.Request) -> Any:
         said = pg.stop(request.session_hash)
