@@ -41,19 +41,21 @@ def test_block_length_curve_follows_the_controller(runs):
     arrows = [a for a in fig.layout.annotations if a.showarrow]
     changes = [v for prev, v in zip(vs, vs[1:]) if v.block_size != prev.block_size and "clipped" not in reasons[v.block]]
     xmax = fig.layout.xaxis.range[1] - 0.5  # the axis: [0.5, xmax + 0.5]
-    gap = math.ceil(plots.NOTE_SPAN * xmax)
-    written = []  # the first change, then each one NOTE_SPAN of the axis or more after the last written
-    for v in changes:
-        if not written or v.block - written[-1].block >= gap:
-            written.append(v)
-    assert [a.text for a in arrows] == [plots._short(reasons[v.block]) for v in written][: plots.MAX_NOTES] and arrows
-    for a, b in zip(arrows, arrows[2:]):  # labels alternate between two heights: one height's are 2 gaps apart
-        assert a.ay == b.ay and b.x - a.x >= 2 * gap
-    assert all(a.ay != b.ay for a, b in zip(arrows, arrows[1:]))
-    for a in arrows:  # a label centred on its arrow would cross the plot's edge there: anchored at that edge instead
-        at = (a.x - 0.5) / xmax
-        assert a.xanchor == ("left" if at < plots.NOTE_WIDTH / 2 else "right" if at > 1 - plots.NOTE_WIDTH / 2 else "center")
-    assert arrows[0].xanchor == "left"  # the controller's first decision comes in the first blocks
+    # Written whole (wrapped at NOTE_CHARS), in block order, each where its label clears the last written one on the
+    # narrowest chart; up and to the right of its point (to the left where the axis ends first).
+    assert arrows and [a.text.replace("<br>", " ") for a in arrows] == [
+        reasons[v.block] for v in changes if v.block in {a.x for a in arrows}]
+    assert arrows[0].x == changes[0].block  # the controller's first decision is always written
+    extents = []
+    for a in arrows:
+        assert all(len(line) <= plots.NOTE_CHARS for line in a.text.split("<br>")) and "…" not in a.text
+        at, width = (a.x - 0.5) / xmax, plots._note_width(next(e for e in events if getattr(e, "block", None) == a.x
+                                                                  and isinstance(e, ev.BlockSize)))
+        assert (a.xanchor, a.ax > 0) == (("left", True) if at + width <= 1 else ("right", False)) and a.ay < 0
+        extents.append((at, at + width) if a.xanchor == "left" else (at - width, at))
+    assert all(lo2 >= hi1 for (_, hi1), (lo2, _) in zip(extents, extents[1:]))
+    # …with room above the curve for three lines, ticks up to the max block size only.
+    assert fig.layout.yaxis.range[1] == plots.HEADROOM * 8 + 0.5 and max(fig.layout.yaxis.tickvals) == 8
     assert list(size.hovertext) == [reasons[v.block] for v in vs]
     assert fig.layout.shapes[0].y0 == 8  # max block size line
 
@@ -85,12 +87,18 @@ def test_per_position_acceptance_is_conditional_on_reaching_the_position(runs):
     fig = valid(plots.per_position_figure(events))
     bars, line = fig.data
     vs = [v for v in verifies(events) if v.draft_tokens]
+    counts = []
     for k, y in zip(bars.x, bars.y):
         reached = [v for v in vs if len(v.draft_tokens) >= k and v.accepted_len >= k - 1]
-        if reached:
+        counts.append(len(reached))
+        if len(reached) >= plots.MIN_SAMPLES:
             assert y == pytest.approx(sum(v.accepted_len >= k for v in reached) / len(reached))
-        else:
+        else:  # a rate from fewer blocks is not drawn (a 100% bar from 1 block read as sure as from 100)
             assert y is None
+    # Every position's count is written under it.
+    assert list(fig.layout.xaxis.ticktext) == [f"{k}<br>n={n}" for k, n in zip(bars.x, counts)]
+    lossy = valid(plots.per_position_figure(runs["lossy"]))  # one block reached position 2: a 0% or 100% bar before
+    assert lossy.layout.xaxis.ticktext[1] == "2<br>n=1" and lossy.data[0].y[1] is None
     # The unconditional line equals the engine's per-position statistic.
     per_pos = events[-1].stats["per_position_acceptance"]
     assert list(line.y)[: len(per_pos)] == pytest.approx(per_pos)
@@ -153,10 +161,10 @@ def test_a_run_that_copies_splits_every_acceptance_view_by_source(runs):
     sizes = {e.block: e for e in events if isinstance(e, ev.BlockSize)}
     changes = [b for src in ev.BLOCK_SOURCES for a, b in zip(by[src], by[src][1:])
                if a.block_size != b.block_size and "clipped" not in sizes[b.block].reason]
-    written = plots.spaced(sorted((sizes[v.block] for v in changes), key=lambda d: d.block),
-                           math.ceil(plots.NOTE_SPAN * (fig.layout.xaxis.range[1] - 0.5)))
+    written = plots.placed(sorted((sizes[v.block] for v in changes), key=lambda d: d.block),
+                           fig.layout.xaxis.range[1] - 0.5)
     arrows = [a for a in fig.layout.annotations if a.showarrow]
-    assert [a.text for a in arrows] == [plots._short(plots.decision(d)) for d in written]
+    assert [a.text.replace("<br>", " ") for a in arrows] == [plots.decision(d) for d, _ in written]
     assert all(not a.text.startswith("copy from the context") for a in arrows)
 
     fig = valid(plots.acceptance_histogram_figure(events))
@@ -170,7 +178,8 @@ def test_a_run_that_copies_splits_every_acceptance_view_by_source(runs):
     for series, src in ((bars, ev.DRAFT), (copy_marks, ev.COPY)):
         for k, y in zip(series.x, series.y):
             reached = [v for v in by[src] if len(v.draft_tokens) >= k and v.accepted_len >= k - 1]
-            assert y == (pytest.approx(sum(v.accepted_len >= k for v in reached) / len(reached)) if reached else None)
+            rate = sum(v.accepted_len >= k for v in reached) / len(reached) if reached else None
+            assert y == (pytest.approx(rate) if len(reached) >= plots.MIN_SAMPLES else None)
     for k, y in zip(line.x, line.y):
         blocks = [v for v in by[ev.DRAFT] if len(v.draft_tokens) >= k]
         assert y == (pytest.approx(sum(v.accepted_len >= k for v in blocks) / len(blocks)) if blocks else None)

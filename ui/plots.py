@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import math
+import textwrap
 from typing import Any
 
 import plotly.graph_objects as go
@@ -35,14 +36,15 @@ def _axis(title: str, rng: list[float], **kw: Any) -> dict[str, Any]:
 
 
 def _figure(data: list[dict], title: str, xaxis: dict, yaxis: dict, shapes: list | None = None,
-            annotations: list | None = None, height: int = 270, **layout_extra: Any) -> go.Figure:
+            annotations: list | None = None, height: int = 270, bottom: int = 0, **layout_extra: Any) -> go.Figure:
     # The legend (shown for two series or more) hangs by its top below the x axis's title and the figure grows by its
-    # rows, so a legend that wraps never covers the title and the plot area keeps its height.
+    # rows, so a legend that wraps never covers the title and the plot area keeps its height; `bottom`: px more under
+    # the axis (two lines of tick labels).
     rows = _legend_rows(data) if len(data) > 1 else 0
-    grow = LEGEND_ROW_PX * rows + (20 if rows else 0)
+    grow = LEGEND_ROW_PX * rows + (20 if rows else 0) + bottom
     layout = {"template": NONE_TEMPLATE, "title": {"text": title, "font": {"size": 14}, "x": 0.01}, "height": height + grow,
               "margin": {"l": 52, "r": 12, "t": 36, "b": 44 + grow}, "xaxis": xaxis, "yaxis": yaxis,
-              "legend": {"orientation": "h", "y": -LEGEND_TOP_PX / (height - 80), "yanchor": "top", "x": 0},
+              "legend": {"orientation": "h", "y": -(LEGEND_TOP_PX + bottom) / (height - 80), "yanchor": "top", "x": 0},
               "hovermode": "closest", "font": {"size": 11},
               "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)", "transition": {"duration": 0},
               "shapes": shapes or [], "annotations": annotations or [], "modebar": {"remove": MODEBAR_REMOVE, "orientation": "v"},
@@ -88,37 +90,53 @@ def _plain(text: str) -> str:
     return html.escape(text, quote=False)
 
 
-NOTE_WIDTH = 0.37  # the share of the x axis one decision's label takes: 28 characters at 9 px in the playground's
-# half-width plot (measured in a screenshot)
-NOTE_SPAN, MAX_NOTES = 0.28, 12  # the share of the axis between two written decisions, and how many are written:
-# consecutive labels alternate between two heights (NOTE_HEIGHTS), so labels at one height stand 56% of the axis apart,
-# which keeps them apart even where one is anchored at an edge and the next centred (18.5% + 37%)
-NOTE_HEIGHTS = (-22, -40)  # arrow lengths in px, alternating
+# A decision's label on the block-length curve: wrapped, never cut (a cut "probe the cost of size 2 (o…" said nothing),
+# up and to the right of its point (to the left near the right edge), clear of the step line's vertical segment.
+NOTE_CHARS = 22  # characters a line
+NOTE_CHAR_PX, NOTE_PAD_PX = 5.0, 8  # plotly's 9 px font: ~4.8 px a character (measured in Chromium); the label's padding
+NARROW_PLOT_PX = 250  # the narrowest chart's plot area: 263 px on a 390 px phone (measured); labels are spaced for it
+NOTE_OFFSET = (10, -22)  # px from the point to the label's corner
+NOTE_GAP, MAX_NOTES = 0.03, 12  # the share of the axis kept free between two labels; at most this many labels
+HEADROOM = 1.5  # the y axis reaches this times the largest block size (+ 0.5): room above the curve for 3-line labels
 
 
-def spaced(changes: list, gap: int) -> list:
-    """The size changes to write on the curve: the first, then each one `gap` blocks or more after the last written
-    (the cost policy changes size every few blocks); every decision stays in the hover text."""
-    out = []
+def note_lines(text: str) -> list[str]:
+    return textwrap.wrap(text, NOTE_CHARS) or [""]
+
+
+def _note_width(d: ev.BlockSize) -> float:
+    """The share of the narrowest chart's x axis that `d`'s label takes, with its offset from the point."""
+    px = NOTE_CHAR_PX * max(map(len, note_lines(decision(d)))) + NOTE_PAD_PX + NOTE_OFFSET[0]
+    return px / NARROW_PLOT_PX
+
+
+def placed(changes: list, xmax: int) -> list[tuple[ev.BlockSize, str]]:
+    """The size changes to write on the curve, each with the side of its point its label takes ("right", or "left"
+    near the axis's right end): in block order, each whose label leaves room after the last written one (the cost
+    policy changes size every few blocks); every decision stays in the hover text."""
+    out, free = [], 0.0
     for d in changes:
-        if not out or d.block - out[-1].block >= gap:
-            out.append(d)
+        at, width = (d.block - 0.5) / xmax, _note_width(d)
+        side = "right" if at + width <= 1 else "left"
+        lo = at if side == "right" else at - width
+        if lo >= free:
+            out.append((d, side))
+            free = lo + width + NOTE_GAP
     return out[:MAX_NOTES]
 
 
-def _note_anchor(at: float) -> str:
-    """Centred on its arrow, except where a centred label would cross the plot's edge (`at`: share of the axis)."""
-    return "left" if at < NOTE_WIDTH / 2 else "right" if at > 1 - NOTE_WIDTH / 2 else "center"
+def _decision_note(d: ev.BlockSize, side: str) -> dict[str, Any]:
+    sign = 1 if side == "right" else -1
+    return {"x": d.block, "y": d.size, "text": "<br>".join(_plain(line) for line in note_lines(decision(d))),
+            "showarrow": True, "arrowhead": 2, "ax": sign * NOTE_OFFSET[0], "ay": NOTE_OFFSET[1],
+            "xanchor": "left" if sign > 0 else "right", "yanchor": "bottom", "align": "left" if sign > 0 else "right",
+            "font": {"size": 9, "color": GREY}, "arrowcolor": GREY}
 
 
 def decision(d: ev.BlockSize) -> str:
     """A controller's decision as written on the curve: a copied block's reason without the engine's note of where the
     copy came from (the copy controller's own reason follows it), marked as the copy's."""
     return "copy: " + d.reason.split("; ", 1)[-1] if d.source == ev.COPY else d.reason
-
-
-def _short(reason: str, limit: int = 28) -> str:
-    return _plain(reason if len(reason) <= limit else reason[: limit - 1] + "…")
 
 
 def _copied(state: RunState) -> bool:
@@ -174,14 +192,12 @@ def block_length_figure(run: RunState | list) -> go.Figure:
                   "showarrow": False, "font": {"size": 10, "color": GREY}}]
     xmax = max(X_CHUNK, math.ceil(max(len(verifies), 1) / X_CHUNK) * X_CHUNK)
     # the controller's own decisions, not the clip to the tokens left at the end
-    for i, d in enumerate(spaced(state.size_changes, math.ceil(NOTE_SPAN * xmax))):
-        notes.append({"x": d.block, "y": d.size, "text": _short(decision(d)), "showarrow": True, "arrowhead": 2, "ax": 0,
-                      "ay": NOTE_HEIGHTS[i % 2], "xanchor": _note_anchor((d.block - 0.5) / xmax),
-                      "font": {"size": 9, "color": GREY}, "arrowcolor": GREY})
+    notes += [_decision_note(d, side) for d, side in placed(state.size_changes, xmax)]
     if not verifies:
         notes.append(_note("waiting for the first block…"))
     return _figure(data, "Block length per step", _axis("verify step (block)", [0.5, xmax + 0.5]),
-                   _axis("tokens", [0, bmax + 1.5]), shapes, notes)
+                   _axis("tokens", [0, HEADROOM * bmax + 0.5], tickvals=list(range(0, bmax + 1, math.ceil(bmax / 4)))),
+                   shapes, notes)
 
 
 def acceptance_histogram_figure(run: RunState | list) -> go.Figure:
@@ -239,6 +255,14 @@ def position_rates(run: RunState | list, source: str = ev.DRAFT) -> Rates:
     return ks, cond, uncond, reached_n
 
 
+MIN_SAMPLES = 5  # a rate from fewer blocks than this is not drawn (its count is still written under the axis)
+TICK_LINE_PX = 14  # a second line of tick labels
+
+
+def _sampled(rates: list[float | None], counts: list[int]) -> list[float | None]:
+    return [r if n >= MIN_SAMPLES else None for r, n in zip(rates, counts)]
+
+
 def per_position_figure(run: RunState | list) -> go.Figure:
     """Acceptance per drafted position (bars: given the position was reached; line: of all drafted blocks). A run
     that copies from the context adds its copied blocks' conditional acceptance as its own series: the draft's
@@ -248,7 +272,7 @@ def per_position_figure(run: RunState | list) -> go.Figure:
     copied = _copied(state)
     who = "drafted blocks" if copied else "all blocks"
     data = [
-        {"type": "bar", "x": ks, "y": cond, "name": "P(accept | reached)" + (", drafted" if copied else ""),
+        {"type": "bar", "x": ks, "y": _sampled(cond, reached_n), "name": "P(accept | reached)" + (", drafted" if copied else ""),
          "customdata": reached_n, "marker": {"color": BLUE, "pattern": {"shape": "x"}},
          "hovertemplate": "position %{x}: %{y:.0%} of %{customdata} reaching it<extra></extra>"},
         {"type": "scatter", "x": ks, "y": uncond, "name": f"accepted through k ({who})", "mode": "lines+markers",
@@ -257,7 +281,8 @@ def per_position_figure(run: RunState | list) -> go.Figure:
     ]
     if copied:
         _, ccond, _, creached = position_rates(state, ev.COPY)
-        data.append({"type": "scatter", "x": ks, "y": ccond, "name": "P(accept | reached), copied", "mode": "markers",
+        data.append({"type": "scatter", "x": ks, "y": _sampled(ccond, creached), "name": "P(accept | reached), copied",
+                     "mode": "markers",
                      "customdata": creached, "marker": {"color": GREEN, "symbol": "star", "size": 10},
                      "hovertemplate": "position %{x}: %{y:.0%} of %{customdata} copied blocks reaching it<extra></extra>"})
     notes = []
@@ -265,9 +290,14 @@ def per_position_figure(run: RunState | list) -> go.Figure:
         st = state.started
         notes.append(_note("no drafted positions (no draft)" if st is not None and not st.has_draft else "no blocks yet"))
     bmax = ks[-1] + 1
+    # Each position's sample count under it (a rate from 2 blocks read as sure as one from 200); every other position
+    # past 16, where a count a position would not fit
+    shown = ks if len(ks) <= 16 else ks[::2]
+    ticks = {"tickvals": shown, "ticktext": [f"{k}<br>n={reached_n[k - 1]}" for k in shown]}
     return _figure(data, "Acceptance by draft position",
-                   _axis("draft position in the block", [0.4, bmax - 0.4], dtick=1 if bmax <= 16 else 2),
-                   _axis("acceptance", [0, 1.05], tickformat=".0%"), annotations=notes)
+                   _axis("draft position (n: blocks reaching it)",
+                         [0.4, bmax - 0.4], **ticks),
+                   _axis("acceptance", [0, 1.05], tickformat=".0%"), annotations=notes, bottom=TICK_LINE_PX)
 
 
 def throughput_figure(run: RunState | list, baseline: RunState | list | None = None) -> go.Figure:

@@ -16,12 +16,12 @@ from typing import Any
 import gradio as gr
 
 from dflash.errors import BusyError
-from dflash.errors import BusyError
 from dflash.request import MAX_BLOCK_SIZE
 from . import text
 from .engines import EngineProvider
 from .controls import FIELDS, shown_rejected, user_message
 from .handlers import CONTROL_KEYS, STOPPED_IN_QUEUE, USER_ERRORS, VIEW_KEYS, Playground, trace_from_state
+from .live import dtype_of
 from .replay import recorded_controls
 from .sessions import REPLAY
 from .step_view import NO_CHANGE, PAUSED, PLAYING
@@ -286,6 +286,8 @@ def _wire_loading(pg: Playground, ui: dict[str, Any], outputs: list, buttons: li
     """Load a bundled trace or upload one (`run`: their event settings, cancelling Play): what played stops, and a
     trace that loaded sets the prompt and the controls it was recorded with (a refused one leaves them)."""
     show, controls = ui["show_rejected"], [ui[k] for k in RECORDED]
+    numerics = ui.get("numerics")  # the trace's dtype (its hardware line's last word) where this host offers it
+    offered = {v for _, v in numerics.choices} if numerics is not None else set()
 
     def on_load_trace(label, show_rejected, request: gr.Request):
         _stop_playing(pg, request.session_hash)
@@ -298,13 +300,16 @@ def _wire_loading(pg: Playground, ui: dict[str, Any], outputs: list, buttons: li
     def on_loaded(state):
         trace = trace_from_state(state)
         values = recorded_controls(trace, pg.settings.max_new_tokens) if trace is not None else {}
-        return tuple(values.get(k, gr.skip()) for k in RECORDED) + PAUSED
+        dtype = dtype_of(str(trace.meta.get("hardware", ""))) if trace is not None else ""
+        shown = tuple(values.get(k, gr.skip()) for k in RECORDED) + PAUSED
+        return shown + ((dtype if dtype in offered else gr.skip(),) if numerics is not None else ())
 
     # Raw (preprocess=False): Gradio's own check of a label not in the list named no control and logged a traceback.
     loads = (ui["load_trace"].click(on_load_trace, [ui["trace_select"], show], outputs, api_name="load_trace", **run,
                                     preprocess=False),
              ui["upload"].upload(on_upload_trace, [ui["upload"], show], outputs, api_name="upload_trace", **run))
     for load in loads:
-        load.success(on_loaded, ui["trace"], controls + buttons, api_visibility="private", queue=False,
+        load.success(on_loaded, ui["trace"], controls + buttons + ([numerics] if numerics is not None else []),
+                     api_visibility="private", queue=False,
                      show_progress="hidden")
         load.failure(lambda: PAUSED, None, buttons, api_visibility="private", queue=False, show_progress="hidden")

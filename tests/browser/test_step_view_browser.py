@@ -5,6 +5,8 @@ Chromium or Playwright is missing."""
 
 from __future__ import annotations
 
+import html
+import itertools
 import re
 import time
 from pathlib import Path
@@ -140,3 +142,56 @@ def test_uploading_while_play_runs_stops_it_and_shows_the_new_trace(page):
     expect(page.locator("#prompt textarea")).to_have_value(dict(EXAMPLES)["Maths"])
     expect(page.locator("#steps input[type=number]")).to_have_value("1")
     expect(in_accordion(page, "#adaptive input[value='slow-start']", "Adaptive block length")).to_be_checked()
+
+
+CHARTS = ("#block-length-plot", "#acceptance-histogram", "#position-acceptance-plot", "#throughput-plot")
+# A chart's texts (title, axis titles and ticks, legend, notes), each with its box relative to the chart's SVG; and the
+# decisions the chart holds (its size lines' hover texts, on the block-length chart).
+TEXTS_JS = """(chart) => {
+  const plot = document.querySelector(chart + ' .js-plotly-plot');
+  const svg = plot.querySelector('.main-svg').getBoundingClientRect();
+  const texts = [...plot.querySelectorAll('.gtitle, .g-xtitle, .g-ytitle, .annotation, .legendtext, .xtick text, ' +
+    '.ytick text')].map((a) => { const r = a.getBoundingClientRect();
+    return {note: a.classList.contains('annotation'), w: svg.width, h: svg.height,
+            text: [...a.querySelectorAll('tspan.line')].map((t) => t.textContent).join(' ') || a.textContent,
+            x0: r.left - svg.left, x1: r.right - svg.left, y0: r.top - svg.top, y1: r.bottom - svg.top}; });
+  return {texts, reasons: plot.data.filter((d) => d.hovertext).flatMap((d) => d.hovertext)}; }"""
+
+
+def assert_chart_texts_fit(page, width: int) -> None:
+    """At `width`, every chart's texts lie inside it, whole; the controller's decisions are written whole and over no
+    other label."""
+    page.set_viewport_size({"width": width, "height": 1100})
+    time.sleep(1.0)  # plotly redraws on resize
+    for chart in CHARTS:
+        got = page.evaluate(TEXTS_JS, chart)
+        for t in got["texts"]:
+            assert "…" not in t["text"] and 0 <= t["x0"] and t["x1"] <= t["w"] + 0.5 and 0 <= t["y0"] \
+                and t["y1"] <= t["h"] + 0.5, (width, chart, t)
+    got = page.evaluate(TEXTS_JS, CHARTS[0])
+    notes, reasons = [t for t in got["texts"] if t["note"]], {html.unescape(r) for r in got["reasons"]}
+    decisions = [n for n in notes if not n["text"].startswith("max ")]
+    assert decisions, (width, notes)
+    for n in decisions:
+        assert n["text"] in reasons or n["text"].removeprefix("copy: ") in reasons, (width, n["text"])
+    for a, b in itertools.combinations(notes, 2):
+        assert a["x1"] <= b["x0"] or b["x1"] <= a["x0"] or a["y1"] <= b["y0"] or b["y1"] <= a["y0"], (width, a, b)
+
+
+def test_the_chart_texts_and_the_controllers_notes_fit_on_a_desktop_and_a_phone(page):
+    """The block-length chart's decisions were cut to 28 characters ("probe the cost of size 2 (o…"): now each is
+    written whole, and every chart text lies inside its chart, at 1440 px and at 390 px: for the slow-start trace
+    loaded above, then for a run of the cost policy (whose reasons are the longest)."""
+    try:
+        for width in (1440, 390):
+            assert_chart_texts_fit(page, width)
+        page.set_viewport_size({"width": 1440, "height": 1100})
+        in_accordion(page, "#adaptive", "Adaptive block length").locator("label:has-text('cost')").click()
+        page.locator("#prompt textarea").fill("Once upon a time")
+        page.click("#generate")
+        expect(page.locator("#status")).to_contain_text("Finished", timeout=300_000)
+        expect(page.locator("#block-length-plot .annotation").first).to_be_visible()
+        for width in (1440, 390):
+            assert_chart_texts_fit(page, width)
+    finally:
+        page.set_viewport_size({"width": 1440, "height": 1100})
