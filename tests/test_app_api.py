@@ -680,28 +680,26 @@ def test_unexpected_errors_are_shown_without_internals():
 
 # -- the real default target -----------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_short_generation_on_the_default_target_with_a_random_draft_is_lossless():
-    from dflash.engine import Engine
-    from tests.ui_support import default_target, random_default_draft
+def test_short_generation_on_the_default_target_with_a_random_draft_is_lossless(real_engine):
+    """The session's engine (conftest): the real target with a random draft of the default's shape, block 8."""
     from ui.engines import load_preset
     from ui.text import NO_DRAFT_NOTICE
     from dflash.load import default_draft_available
     from dflash.registry import get_preset
 
     torch.set_num_threads(2)
-    target = default_target()
-    engine = Engine(target, random_default_draft(target, block_size=16), name="default")
+    engine = real_engine
     demo = build_demo({"default": engine})
     _, url, _ = demo.launch(**launch_kwargs(server_port=None, prevent_thread_lock=True, quiet=True))
     client = Client(url, verbose=False)
     try:
-        d = defaults(16)
+        d = defaults(engine.draft.config.block_size)
         d.update(prompt="What is 2 + 2?", max_new_tokens=5, block_size=4)
         final = named(client.predict(*[d[k] for k in CONTROL_KEYS], api_name="/generate"))
         trace = parse_trace(Path(final["export_trace"]).read_text(encoding="utf-8"))
         fin = trace.events[-1]
         assert fin.reason in ("length", "eos") and fin.stats["n_output_tokens"] >= 1
-        ref = Engine(target).generate(Request(prompt="What is 2 + 2?", max_new_tokens=5, use_draft=False))
+        ref = engine.generate(Request(prompt="What is 2 + 2?", max_new_tokens=5, use_draft=False))
         assert fin.output_ids == ref.output_ids  # greedy DFlash == the target's own output
         assert f'data-n-out="{fin.stats["n_output_tokens"]}"' in final["stats"]
     finally:

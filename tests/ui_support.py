@@ -1,5 +1,5 @@
 """Engines with text for the playground tests: the tiny random models of conftest.py plus a real character
-tokenizer (so prompts are text, as in the app), and the real default target with a random draft sized for it.
+tokenizer (so prompts are text, as in the app). The real default target: conftest's session fixtures.
 
 No downloads. The character tokenizer maps each of 256 ids to one printable character; it is a genuine
 `tokenizers` BPE model with no merges, so encode/decode round-trip exactly.
@@ -14,7 +14,6 @@ import torch
 from dflash.engine import Engine
 from dflash.target import Target
 from tests.conftest import VOCAB, tiny_draft, tiny_target
-from tests.engine_helpers import random_default_draft  # noqa: F401  (re-exported for the app tests)
 
 
 def char_tokenizer():
@@ -34,15 +33,6 @@ def tiny_text_engine(block_size: int = 8, seed: int = 0, name: str = "tiny", dra
     base = tiny_target("llama", seed=seed)
     target = Target(base.model, char_tokenizer(), name=name)
     return Engine(target, tiny_draft(target, block_size=block_size, seed=seed + 1) if draft else None, name=name)
-
-
-def default_target():
-    """The real default target (SmolLM2-135M-Instruct, float32 on CPU)."""
-    from dflash.registry import SMOLLM2_GGUF
-    from dflash.load import load_target_model
-
-    model, tokenizer = load_target_model(SMOLLM2_GGUF)
-    return Target(model, tokenizer, name="default")
 
 
 PROMPT = "Once upon a time"
