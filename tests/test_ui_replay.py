@@ -393,3 +393,34 @@ def test_incremental_frames_equal_a_rebuild_from_the_first_event(code_doc, playg
                 assert got[key] == want[key], (f, key)
             for key in ("block_length", "histogram", "positions", "throughput"):
                 assert got[key].to_plotly_json() == want[key].to_plotly_json(), (f, key)
+
+
+def test_a_trace_names_its_measured_speed_and_says_where_dflash_was_slower(code_doc):
+    """The trace list's words: tokens per second, the speedup over the trace's own baseline, and "slower" below 1."""
+    from ui.replay import bundled_choices, speed_words
+
+    trace = parse_trace(json.dumps(code_doc))
+    run, base = trace.events[-1].stats["tokens_per_s"], trace.baseline[-1].stats["tokens_per_s"]
+    words = speed_words(trace)
+    assert words.startswith(f"{run:.1f} tok/s, {run / base:.2f}× plain decoding")
+    assert words.endswith("(DFlash slower here)") == (run < base)
+    swapped = dataclasses.replace(trace, events=trace.baseline, baseline=trace.events)  # the other way round
+    assert speed_words(swapped).endswith("(DFlash slower here)") == (base < run)
+    assert speed_words(dataclasses.replace(trace, baseline=None)) == f"{run:.1f} tok/s"
+    choices = bundled_choices()
+    assert [label for _, label in choices] == list(bundled_traces())  # the values stay the labels (the API's)
+    assert all(shown.startswith(label + " · ") and "tok/s" in shown for shown, label in choices)
+
+
+def test_a_trace_sets_the_controls_it_was_recorded_with(code_doc):
+    from ui.replay import recorded_controls
+
+    values = recorded_controls(parse_trace(json.dumps(code_doc)), max_new_cap=512)
+    request = code_doc["events"][0]["request"]
+    assert values["prompt"] == request["prompt"] and values["steps"] == 2 and values["confidence"] == 0.5
+    assert values["block_size"] == values["max_block"] == 8 and values["max_new_tokens"] == request["max_new_tokens"]
+    assert recorded_controls(parse_trace(json.dumps(code_doc)), max_new_cap=16)["max_new_tokens"] == 16
+    old = copy.deepcopy(code_doc)  # recorded before a block below the minimum was refused: the engine lowered it
+    old["events"][0]["request"].update(block_size=2, min_block_size=4, max_block_size=None)
+    values = recorded_controls(parse_trace(json.dumps(old)), max_new_cap=512)
+    assert (values["min_block"], values["block_size"], values["max_block"]) == (2, 2, 8)  # the trained size

@@ -22,9 +22,8 @@ from typing import Any
 
 from dflash import events as ev
 from dflash.events import event_to_dict
-from dflash.errors import ValidationError
 from dflash.registry import ASSETS
-from dflash.request import DEFAULT_MIN_BLOCK, DEFAULTS, Request
+from dflash.request import DEFAULT_MIN_BLOCK, DEFAULTS
 from ui.controls import FIELDS
 from ui.render import count, run_stats, token_class
 from ui.run_state import RunState
@@ -171,24 +170,18 @@ def bundled_choices(directory: Path = TRACES_DIR) -> list[tuple[str, str]]:
 
 
 def recorded_controls(trace: Trace, max_new_cap: int) -> dict[str, Any]:
-    """The controls a trace was recorded with (its Started request), by control name (ui/controls.FIELDS), so that
-    Generate runs it again: empty for a trace without a request the engine would take (a hand-edited upload)."""
+    """The controls a trace was recorded with (its Started request, which the engine accepted: trace_schema), by
+    control name (ui/controls.FIELDS), so that Generate runs it again; max new tokens within the playground's cap."""
     st = next((e for e in trace.events if isinstance(e, ev.Started)), None)
     if st is None:
         return {}
     req = {f: st.request.get(f, DEFAULTS[f]) for f in FIELDS.values()}
-    trained = st.trained_block_size
-    block = req["block_size"] or trained
-    req["max_new_tokens"] = min(req["max_new_tokens"], max_new_cap) if isinstance(req["max_new_tokens"], int) else None
-    try:
-        Request(**req)
-    except (ValidationError, TypeError):
-        return {}
-    values = {key: req[f] for key, f in FIELDS.items()}
-    if block:  # None: a run without a draft, whose block sizes mean nothing
-        hi = max(req["max_block_size"] or trained or block, block)
-        values.update(block_size=block, max_block=hi, min_block=req["min_block_size"] or min(DEFAULT_MIN_BLOCK, block))
-    else:
+    values = {key: req[f] for key, f in FIELDS.items()} | {"max_new_tokens": min(req["max_new_tokens"], max_new_cap)}
+    block, trained = req["block_size"] or st.trained_block_size, st.trained_block_size
+    if block:  # the sizes as the engine filled them in (None: the trained size; a minimum above the block lowered)
+        values.update(block_size=block, max_block=max(req["max_block_size"] or trained or block, block),
+                      min_block=min(req["min_block_size"] or DEFAULT_MIN_BLOCK, block))
+    else:  # a run without a draft: its block sizes mean nothing
         del values["block_size"], values["min_block"], values["max_block"]
     return values
 
