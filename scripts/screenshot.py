@@ -1,6 +1,8 @@
-"""Take the README screenshot: the playground on the default models, mid-generation, in Debian's Chromium.
+"""Take the README screenshots: the playground on the default models, mid-generation, in Debian's Chromium, on a
+desktop (1440 px) and on a phone (390 px, where Generate brings the run into view).
 
-    .venv/bin/python scripts/screenshot.py [--out docs/screenshot.png] [--tokens 64]
+    .venv/bin/python scripts/screenshot.py [--out docs/screenshot.png] [--phone-out docs/screenshot-phone.png]
+                                           [--tokens 64]
 
 Uses the app's own loader (the trained draft when assets/draft-smollm2-135m/ exists, else the target alone).
 """
@@ -22,9 +24,47 @@ LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backgro
                "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
+# (viewport width, height, device scale) of each screenshot
+DESKTOP, PHONE = (1440, 1500, 1), (390, 844, 2)
+
+
+def shoot(browser, url: str, out: str, screen: tuple[int, int, int], tokens: int, after: int) -> None:
+    """Generate the code example's answer and photograph the screen once `after` tokens are shown."""
+    from ui.text import EXAMPLES
+
+    width, height, scale = screen
+    page = browser.new_page(viewport={"width": width, "height": height}, device_scale_factor=scale)
+    page.set_default_timeout(120_000)
+    page.goto(url)
+    page.wait_for_selector("#token-legend .dfl-legend")
+    page.locator("#prompt textarea").fill(dict(EXAMPLES)["Code"])
+    box = page.locator("#max-new-tokens input[type=number]")
+    page.locator("button:has-text('Sampling and length')").first.click()
+    box.wait_for(state="visible")
+    time.sleep(0.5)
+    box.fill(str(tokens))
+    box.press("Tab")
+    if width > 600:
+        page.evaluate("window.scrollTo(0, 0)")
+    page.click("#generate")  # on a phone the page scrolls to the run's status line
+    page.wait_for_function(
+        f"document.querySelectorAll('#token-stream .dfl-stream .tok:not(.tok-rejected)').length >= {after}",
+        timeout=600_000)
+    page.wait_for_selector("#block-length-plot .js-plotly-plot")
+    if width > 600:
+        page.evaluate("window.scrollTo(0, 0)")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=out, timeout=180_000, animations="disabled")
+    page.locator("#stop").dispatch_event("click")
+    page.locator("#status").filter(has_text="Finished").wait_for(timeout=300_000)  # the engine is free for the next
+    page.close()
+    print(f"wrote {out}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=str(ROOT / "docs" / "screenshot.png"))
+    p.add_argument("--out", default=str(ROOT / "docs" / "screenshot.png"), help="the desktop screenshot")
+    p.add_argument("--phone-out", default=str(ROOT / "docs" / "screenshot-phone.png"), help="the phone screenshot")
     p.add_argument("--tokens", type=int, default=64, help="max new tokens of the run being photographed")
     p.add_argument("--after", type=int, default=16, help="take the picture once this many tokens are shown")
     args = p.parse_args(argv)
@@ -32,7 +72,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from ui import build_demo, launch_kwargs
     from ui.engines import load_preset
-    from ui.text import EXAMPLES
 
     engine, notice = load_preset("default")
     demo = build_demo({"default": engine}, notice=notice)
@@ -41,30 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=chromium, args=LAUNCH_ARGS, headless=True)
-            page = browser.new_page(viewport={"width": 1440, "height": 1500}, device_scale_factor=1)
-            page.set_default_timeout(120_000)
-            page.goto(url)
-            page.wait_for_selector("#token-legend .dfl-legend")
-            page.locator("#prompt textarea").fill(dict(EXAMPLES)["Code"])
-            box = page.locator("#max-new-tokens input[type=number]")
-            page.locator("button:has-text('Sampling and length')").first.click()
-            box.wait_for(state="visible")
-            time.sleep(0.5)
-            box.fill(str(args.tokens))
-            box.press("Tab")
-            page.click("#generate")
-            page.wait_for_function(
-                f"document.querySelectorAll('#token-stream .dfl-stream .tok:not(.tok-rejected)').length >= {args.after}",
-                timeout=600_000)
-            page.wait_for_selector("#block-length-plot .js-plotly-plot")
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            page.evaluate("window.scrollTo(0, 0)")
-            page.screenshot(path=args.out, timeout=180_000, animations="disabled")
-            page.locator("#stop").dispatch_event("click")
+            for out, screen in ((args.out, DESKTOP), (args.phone_out, PHONE)):
+                shoot(browser, url, out, screen, args.tokens, args.after)
             browser.close()
     finally:
         demo.close()
-    print(f"wrote {args.out}")
     return 0
 
 
