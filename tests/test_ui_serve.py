@@ -127,9 +127,11 @@ def test_a_limit_out_of_its_range_is_one_line(name, value, says):
 def test_a_draft_made_for_another_target_is_refused_before_serving(tmp_path):
     """A draft for a deeper target (it reads layer 35 of 40), and one whose config.json is not a draft's."""
     draft = copy_of_the_shipped_draft(tmp_path / "deeper", {"target_layer_ids": [1, 15, 35]}, num_target_layers=40)
-    assert_draft_error(serve("--draft", str(draft)), "target_layer_ids [35] do not exist in the target (30 layers)")
+    port = ("--port", str(free_port()))  # not 7860, where a playground may be serving already
+    assert_draft_error(serve("--draft", str(draft), *port), "target_layer_ids [35] do not exist in the target (30 layers)")
     (draft / "config.json").write_text("{}")
-    assert_draft_error(serve("--draft", str(draft)), "config.json is not a valid DFlash draft config: no 'hidden_size' entry")
+    assert_draft_error(serve("--draft", str(draft), *port),
+                       "config.json is not a valid DFlash draft config: no 'hidden_size' entry")
 
 
 def test_a_draft_with_absurd_sizes_is_refused_before_anything_loads(tmp_path):
