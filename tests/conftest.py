@@ -84,10 +84,11 @@ def engine(llama_target: Target) -> Engine:
     return Engine(llama_target, tiny_draft(llama_target))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
     """A tiny training set: the data stage run on a tiny random target (saved as a model directory), 3 shards of
-    4 sequences with 2 stored layers (1, 2); every 3rd shard sampled."""
+    4 sequences with 2 stored layers (1, 2); every 3rd shard sampled. Made once a session: tests only read it (a test
+    that changes a data directory changes a copy)."""
     from dflash.training.data import write_shards
 
     tmp = tmp_path_factory.mktemp("train")
