@@ -393,7 +393,7 @@ def test_draft_only_options_under_no_draft_are_named_not_silently_dropped(models
     options had no effect; without such options there is no note."""
     base = ["--target", str(models / "target"), "--no-draft", "--prompt-ids", "5,6,7", "--max-new-tokens", "6", "--json",
             "--dtype", "float32"]
-    noted = here(*base, "--lookup-ngram", "2", "--steps", "3")
+    noted = here(*base, "--lookup-ngram", "3", "--steps", "3")  # 3: not the default (2)
     plain = here(*base)
     assert noted.returncode == plain.returncode == 0, noted.stderr
     assert json.loads(noted.stdout)["output_ids"] == json.loads(plain.stdout)["output_ids"]
