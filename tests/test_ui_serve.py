@@ -185,7 +185,9 @@ def test_the_playground_serves_the_operators_draft(tmp_path):
         assert "Running on local URL" in lines[-1], "".join(lines)
         client = Client(f"http://127.0.0.1:{port}", verbose=False, download_files=str(tmp_path / "downloads"))
         props = {c["props"].get("elem_id"): c["props"] for c in client.config["components"] if "props" in c}
-        assert props["notice"]["value"].startswith("**Draft: `my <i>draft`**, chosen by this server's operator")
+        notice = props["notice"]["value"]  # a badge that opens onto the details; the name only as code (text)
+        assert notice.startswith('<details class="dfl-badge">') and "<i>" not in notice.split("\n")[0]
+        assert "**Draft: `my <i>draft`**, chosen by this server's operator" in notice
         assert str(tmp_path) not in props["notice"]["value"]  # the server's own path stays private
         assert props["block-size"]["value"] == 4
         final = named(client.predict(*args(max_new_tokens=24, block_size=4), api_name="/generate"))

@@ -179,7 +179,7 @@ def test_generate_and_compare_on_zerogpu_end_with_the_run(zerogpu_app):
     assert trace.events[-1].output_ids == engine.generate(Request(**trace.events[0].request)).output_ids
     assert final["history_table"]["data"][-1][CLIENT_HISTORY_TOKENS] == 24
     compared = named(app.client.predict(False, api_name="/compare"))
-    assert "Compared with autoregressive" in compared["status"] and "identical ✓" in compared["status"]
+    assert "Compared with autoregressive" in compared["status"] and "outputs ✓ identical" in compared["status"]
     assert len(app.spaces.calls) == calls + 2 and len(app.spaces.workers) == 1  # one worker, reused
 
 

@@ -58,7 +58,8 @@ def recorded_runs() -> dict[str, list]:
     - baseline: the same prompt without a draft (autoregressive);
     - denoise: the random tiny draft with 3 denoising steps, one position committed per step until the last;
     - lossy: the random tiny draft with acceptance threshold 0.05 (relaxed, lossy acceptances);
-    - copy: the random tiny draft, copying from the context first (lookup_ngram=1: copied and drafted blocks)."""
+    - copy: the random tiny draft, copying from the context first (lookup_ngram=1: copied and drafted blocks).
+    The draft runs before `copy` run the draft alone (lookup_ngram=0), as the paper does."""
     from tests.engine_helpers import with_drafter
     from dflash.request import Request
 
@@ -69,12 +70,13 @@ def recorded_runs() -> dict[str, list]:
     with_drafter(engine, _partly_right_drafter(), full)
     try:
         mixed = engine.generate(Request(prompt=PROMPT, max_new_tokens=40, block_size=4, adaptive="slow-start",
-                                        min_block_size=2, max_block_size=8))
+                                        min_block_size=2, max_block_size=8, lookup_ngram=0))
     finally:
         with_drafter(engine, None, full)
     denoise = engine.generate(Request(prompt=PROMPT, max_new_tokens=16, block_size=8, diffusion_steps=3,
-                                      confidence_threshold=1.0))
-    lossy = engine.generate(Request(prompt=PROMPT, max_new_tokens=30, block_size=4, acceptance_threshold=0.05))
+                                      confidence_threshold=1.0, lookup_ngram=0))
+    lossy = engine.generate(Request(prompt=PROMPT, max_new_tokens=30, block_size=4, acceptance_threshold=0.05,
+                                    lookup_ngram=0))
     copy = engine.generate(Request(prompt=PROMPT, max_new_tokens=40, block_size=4, lookup_ngram=1))
     return {"mixed": mixed.events, "baseline": base.events, "denoise": denoise.events, "lossy": lossy.events,
             "copy": copy.events}

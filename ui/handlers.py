@@ -25,13 +25,15 @@ import gradio as gr
 from dflash import events as ev
 from dflash.engine import Engine
 from dflash.errors import DFlashError, ValidationError
-from dflash.request import DEFAULT_MIN_BLOCK, DEFAULTS, Request
+from dflash.request import DEFAULTS, Request
 from dflash.zerogpu import zero_gpu
-from . import gpu, plots, render, torch_thread
+from . import gpu, plots, render, text, torch_thread
 from .controls import CHECKBOXES, FIELDS, WHOLE, in_step_mode, shown_rejected, whole
-from .engines import EngineProvider, wait_until_free
+from .engines import EngineProvider, dtype_name, wait_until_free
 from .exports import history_row, history_table, next_run_id, with_comparison, with_row, write_exports
+from .modes import PAPER, mode_values
 from .live import FrameThrottle, RunLook, dtype_of, final_status, hardware, live_status
+from .race import playback
 from .render_inspector import inspector_html
 from .render_stats import comparison, compared_status, stats_html
 from .replay import (Replay, Trace, TraceError, bundled_traces, events_at, frame_label, frames, load_trace_file,
@@ -45,7 +47,8 @@ USER_ERRORS = (DFlashError, TraceError)  # messages written for users; shown as 
 VIEW_KEYS = ("legend", "tokens", "inspector", "block_length", "histogram", "positions", "throughput", "stats", "status")
 
 CONTROL_KEYS = ("prompt", "preset", "block_size", "steps", "confidence", "acceptance", "lookup", "adaptive",
-                "min_block", "max_block", "temperature", "top_p", "max_new_tokens", "seed", "show_rejected", "step_mode")
+                "min_block", "max_block", "temperature", "top_p", "max_new_tokens", "seed", "show_rejected", "step_mode",
+                "numerics")
 
 
 # Status of a Generate or Compare that Stop reached while it waited in the queue (the Stop button shows it too).
@@ -78,14 +81,13 @@ class Settings:
             raise ValueError(f"history_rows must be at least 1, got {self.history_rows}")
 
 
-def defaults(block_size: int = 16) -> dict[str, Any]:
-    """Reset-to-defaults values: the paper's setting (one pass, exact verification, greedy), with the block-size
-    policy the engine picks for its device ("auto")."""
+def defaults(block_size: int = 16, dtype: str | None = None) -> dict[str, Any]:
+    """Reset-to-defaults values: the Paper method (ui/modes.py) for a draft trained on blocks of `block_size`, in
+    numerics `dtype` (None: the engine's own), greedy, with the first example as the prompt."""
     d = DEFAULTS
-    return {"prompt": "", "preset": "default", "block_size": block_size, "steps": d["diffusion_steps"],
-            "confidence": d["confidence_threshold"], "acceptance": d["acceptance_threshold"], "lookup": d["lookup_ngram"],
-            "adaptive": d["adaptive"], "min_block": DEFAULT_MIN_BLOCK, "max_block": block_size,
-            "temperature": d["temperature"], "top_p": d["top_p"], "max_new_tokens": 64, "seed": d["seed"], **CHECKBOXES}
+    return {"prompt": text.EXAMPLES[0][1], "preset": "default", **mode_values(PAPER, block_size, dtype),
+            "confidence": d["confidence_threshold"], "temperature": d["temperature"], "top_p": d["top_p"],
+            "max_new_tokens": 64, "seed": d["seed"], **CHECKBOXES}
 
 
 def trace_from_state(state: dict | None) -> Trace | None:
@@ -179,7 +181,7 @@ class Playground:
         # Every value is checked before a model is loaded for it; the load follows the visitor rules (ui/engines.py).
         checked = self.make_request(values)
         show, step = shown_rejected(values.get("show_rejected")), in_step_mode(values.get("step_mode"))
-        engine, request = self.engines.for_request(preset, checked)
+        engine, request = self.engines.for_request(preset, checked, values.get("numerics"))
         look = RunLook(show, step, hardware(engine))
         stream, cancel = self._start(engine, preset, request, session, look)
         try:
@@ -187,7 +189,7 @@ class Playground:
         finally:
             stream.close()  # frees the engine at once if this generator is closed early
             self.runs.end(session, cancel)
-        yield self._finished_run(events, request, preset, engine.name, look, history)
+        yield self._finished_run(events, request, preset, engine, look, history)
 
     def _live(self, stream: Iterator, request: Request, look: RunLook) -> Generator[dict[str, Any], None, list]:
         """Yield the views of a run as its events arrive (paced by a FrameThrottle); return all its events."""
@@ -201,10 +203,10 @@ class Playground:
         yield from throttle.frames(stream, events, lambda seen, charts: live_frame(seen, look, charts))
         return events
 
-    def _finished_run(self, events: list, request: Request, preset: str, model: str, look: RunLook,
+    def _finished_run(self, events: list, request: Request, preset: str, engine: Engine, look: RunLook,
                       history: list | None) -> dict[str, Any]:
         """A run's last update: its final views (step mode: its first frame), its trace, history row and exports."""
-        run_id = next_run_id(history)
+        run_id, model = next_run_id(history), engine.name
         meta = {"title": f"Run {run_id}: {request.prompt[:60]}", "model": model, "hardware": look.hw,
                 "recorded": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "source": "run"}
         trace = Trace(events, meta)
@@ -216,23 +218,25 @@ class Playground:
         if look.step_mode:
             status += " · Step mode: press **Next ▶** (above the block inspector, or →) to walk through it."
         return {**view(events_at(events, frame), look.show_rejected, hw=look.hw), "status": status,
-                "trace": self.trace_state(trace, source="run", preset=preset, run_id=run_id, hardware=look.hw),
+                "trace": self.trace_state(trace, source="run", preset=preset, run_id=run_id, hardware=look.hw,
+                                     numerics=dtype_name(engine)),
                 **_cursor(n_frames, frame, frame_label(events, frame), events), **_history_views(history),
                 **self.exports(trace, history, run_id)}
 
     # -- compare -----------------------------------------------------------------------------------------------
     def compare(self, state: dict | None, history: list | None, show_rejected: bool, session: str,
-                ticket: Any = None) -> Iterator[dict[str, Any]]:
+                ticket: Any = None, numerics: str | None = None) -> Iterator[dict[str, Any]]:
         """Time the session's run again and then its request without the draft, back to back and drawn alike (status
         and throughput chart only): a live run's own rate also pays for drawing every frame of the page, which the
         lighter baseline would not, so the speedup is the ratio of these two. On ZeroGPU a run is recorded whole in
-        the GPU worker, away from the page, so its own timing is fair and only the baseline runs (GPU quota)."""
+        the GPU worker, away from the page, so its own timing is fair and only the baseline runs (GPU quota).
+        numerics: run both in this dtype (the exact re-run: "float32"); None: the run's own."""
         if not self.runs.take_admission(session, ticket):
             yield {"status": STOPPED_IN_QUEUE}
             return
         trace = _finished_session_run(state)
         preset = state.get("preset")
-        engine, again = self.engines.for_request(preset, self._timed_request(trace))
+        engine, again = self.engines.for_request(preset, self._timed_request(trace), numerics or state.get("numerics"))
         todo = [] if zero_gpu() else [(again, "Timing the run again beside the baseline")]
         todo.append((dataclasses.replace(again, use_draft=False), "Running the autoregressive baseline"))
         cancel = self.runs.begin(session, GENERATION)  # one Stop flag for both runs
@@ -254,8 +258,7 @@ class Playground:
         finally:
             self.runs.end(session, cancel)
         timed_run, base = timed if len(timed) == 2 else (None, timed[0])
-        yield self._compared(state, trace, timed_run, base, history, str(engine.target.dtype).removeprefix("torch."),
-                             show_rejected)
+        yield self._compared(state, trace, timed_run, base, history, engine, show_rejected)
 
     def _timed_request(self, trace: Trace) -> Request:
         """The run's request for just as many tokens as the run produced (a fair, shorter comparison), under this
@@ -276,29 +279,42 @@ class Playground:
         return events
 
     def _compared(self, state: dict, trace: Trace, timed: list | None, base: list, history: list | None,
-                  dtype: str, show_rejected: bool) -> dict[str, Any]:
+                  engine: Engine, show_rejected: bool) -> dict[str, Any]:
         """The comparison's update: every view, the trace with its baseline, the run's history row completed, and the
-        exports. Where the timed run repeated the run's output (it always should: same request, same seed) it takes
-        the run's place — a new trace, every view redrawn from it, since a block policy driven by timings may have
-        cut its blocks differently. `timed` None (ZeroGPU): the run's own timing is compared."""
-        comp = comparison(trace.events, base, dtype, timed=timed)
+        exports. The timed run takes the shown run's place — a new trace, every view redrawn from it — so that the
+        run has one tokens/s figure everywhere (the race, the statistics, the history), measured as the baseline's
+        was; it is in the compared numerics (the exact re-run's float32). `timed` None (ZeroGPU): the run's own
+        timing is compared."""
         shown_fin = render.finished(trace.events)
         repeated = timed is not None and render.finished(timed).output_ids == shown_fin.output_ids
         # A run the user stopped (or that timed out) stays the one shown: its repetition, asked for just its tokens,
         # ends by length, and would rewrite the history row's settings and finish reason.
-        replace = repeated and shown_fin.reason not in ("cancelled", "timeout", "error")
+        replace = timed is not None and shown_fin.reason not in ("cancelled", "timeout", "error")
         run = timed if replace else trace.events
+        comp = comparison(run, base, dtype_name(engine), timed=None if replace else timed)
         trace, run_id = Trace(run, trace.meta, base), state.get("run_id", 0)
         history = with_comparison(history, run_id, comp, run if replace else None)
-        new = self.trace_state(trace, **{k: v for k, v in state.items() if k not in ("replay", "compare")}, compare=comp)
-        replay, hw = new["replay"], state.get("hardware", "")
+        kept = {k: v for k, v in state.items() if k not in ("replay", "compare")}
+        if replace:
+            kept.update(numerics=dtype_name(engine), hardware=hardware(engine))
+        new = self.trace_state(trace, **kept, compare=comp)
+        replay, hw = new["replay"], kept.get("hardware", "")
         with replay.lock:
             shown = view(replay.seek(replay.n_frames - 1), show_rejected, baseline=base, compare=comp, hw=hw)
             label = replay.label(replay.n_frames - 1)
         return {**shown, "throughput": plots.throughput_figure(timed or run, base), "trace": new,
-                "status": compared_status(comp, timed is not None, timed is None or repeated),
+                "status": compared_status(comp, timed is not None, timed is None or replace or repeated),
                 **_cursor(replay.n_frames, replay.n_frames - 1, label, run), **_history_views(history),
                 **self.exports(trace, history, run_id)}
+
+    def race(self, state: dict | None) -> Iterator[dict[str, Any]]:
+        """The race of the session's run against its baseline, played back at their measured timings (ui/race.py);
+        nothing without a baseline."""
+        trace = trace_from_state(state)
+        if trace is None or not trace.baseline:
+            return
+        for html in playback(trace.events, trace.baseline, self.settings.refresh_s):
+            yield {"race": html}
 
     # -- replay ------------------------------------------------------------------------------------------------
     def load_bundled(self, label: Any, show_rejected: bool) -> dict[str, Any]:

@@ -22,10 +22,12 @@ from . import text
 from .engines import EngineProvider, Loader
 from .exports import HISTORY_COLUMNS, history_table
 from .handlers import Playground, Settings, defaults, view
+from .modes import CUSTOM, MODE_KEYS, MODES, PAPER, mode_note
 from .render import TOKEN_TEMPLATE
 from .replay import bundled_choices
 from .step_view import STEP_JS, replay_tab, step_bar
 from .wiring import OUT_KEYS, acceptance_label, wire
+from .wiring_modes import wire_modes
 
 __all__ = ["CSS_PATH", "OUT_KEYS", "QUEUE_SIZE", "build_demo", "launch_kwargs"]  # OUT_KEYS: defined in ui/wiring.py
 
@@ -95,11 +97,15 @@ def build_demo(engines: EngineProvider | Mapping[str, Engine] | Loader | None = 
     with gr.Blocks(title="DFlash playground", fill_width=True, delete_cache=(1800, 3600)) as demo:
         gr.Markdown(text.INTRO, elem_id="intro")
         ui: dict[str, Any] = {
-            "notice": gr.Markdown(notice if notice is not None else provider.notice(initial["preset"]), elem_id="notice"),
+            "notice": gr.Markdown(text.notice_badge(notice if notice is not None else provider.notice(initial["preset"])),
+                                  elem_id="notice"),
             "trace": gr.State(None), "history": gr.State([])}
         with gr.Row(equal_height=False):
             with gr.Column(scale=4, min_width=320):
+                ui.update(mode_panel(initial, provider.numerics(initial["preset"])[1]))
                 ui.update(controls_panel(provider.presets, initial, settings.max_new_tokens))
+                for key in MODE_KEYS:  # the controls a mode sets carry a mark (assets/playground.css)
+                    ui[key].elem_classes = [*(ui[key].elem_classes or []), "dfl-moded"]
             with gr.Column(scale=8, min_width=480):
                 empty = view([])
                 ui.update(output_panel(empty))
@@ -109,17 +115,28 @@ def build_demo(engines: EngineProvider | Mapping[str, Engine] | Loader | None = 
                     ui.update(history_tab())
                     guide_tabs()
         demo.gen_event = wire(demo, pg, ui, initial)
+        wire_modes(pg, ui)
         demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=4)
         demo.playground = pg  # for tests and notebooks
     return demo
 
 
 def initial_values(provider: EngineProvider) -> dict[str, Any]:
-    """The controls' starting (and Reset) values: the defaults for the first preset's draft block size (16 when
-    it has none), with that preset selected."""
+    """The controls' starting (and Reset) values: the defaults (the Paper method) for the first preset's draft block
+    size (16 when it has none) and numerics, with that preset selected."""
     presets = provider.presets
     first = "default" if "default" in presets else presets[0]
-    return {**defaults(provider.block_size(first) or 16), "preset": first}
+    return {**defaults(provider.block_size(first) or 16, provider.numerics(first)[0] or None), "preset": first}
+
+
+def mode_panel(d: dict[str, Any], dtypes: list[str]) -> dict[str, Any]:
+    """The mode switch, the line saying what it set, and the numerics switch (shown where there is a choice)."""
+    return {"mode": gr.Radio([*MODES, CUSTOM], value=PAPER, label=text.LABELS["mode"], info=text.INFO["mode"],
+                             elem_id="mode"),
+            "mode_note": gr.Markdown(mode_note(d, d["block_size"], d["numerics"]), elem_id="mode-note"),
+            "numerics": gr.Radio([(text.NUMERICS.get(t, t), t) for t in dtypes], value=d["numerics"],
+                                 label=text.LABELS["numerics"], info=text.INFO["numerics"], visible=len(dtypes) > 1,
+                                 elem_id="numerics")}
 
 
 def controls_panel(presets: list[str], d: dict[str, Any], max_new_cap: int) -> dict[str, Any]:
@@ -127,7 +144,8 @@ def controls_panel(presets: list[str], d: dict[str, Any], max_new_cap: int) -> d
     c: dict[str, Any] = {
         "preset": gr.Dropdown(presets, value=d["preset"], label=text.LABELS["preset"], info=text.INFO["preset"],
                               allow_custom_value=False, elem_id="preset"),
-        "prompt": gr.Textbox(label=text.LABELS["prompt"], lines=4, max_length=MAX_PROMPT_CHARS, info=text.INFO["prompt"],
+        "prompt": gr.Textbox(d["prompt"], label=text.LABELS["prompt"], lines=4, max_length=MAX_PROMPT_CHARS,
+                             info=text.INFO["prompt"],
                              placeholder="Ask something, or pick an example below", elem_id="prompt")}
     gr.Examples([[p] for _, p in text.EXAMPLES], inputs=[c["prompt"]], example_labels=[n for n, _ in text.EXAMPLES],
                 label="Examples (prose · code · maths)", cache_examples=False, elem_id="examples")
@@ -144,6 +162,7 @@ def controls_panel(presets: list[str], d: dict[str, Any], max_new_cap: int) -> d
         c.update(draft_settings(d))
     with gr.Accordion("Adaptive block length (extension)", open=False):
         c.update(adaptive_settings(d))
+    c["range_note"] = gr.Markdown("", elem_id="range-note")  # a block size another one moved (ui/modes.range_note)
     with gr.Accordion("Sampling and length", open=False):
         c.update(sampling_settings(d, max_new_cap))
     return c
@@ -196,7 +215,10 @@ def output_panel(empty: dict[str, Any]) -> dict[str, Any]:
     with gr.Row(equal_height=False):  # side by side where both fit, the button below the statistics on a phone
         with gr.Column(min_width=NARROWEST):  # (gr.HTML does not apply its own min_width)
             o["stats"] = gr.HTML(empty["stats"], elem_id="stats", padding=True, **_named("Statistics"))
-        o["compare"] = gr.Button("Compare with autoregressive", elem_id="compare", scale=0, min_width=200)
+        with gr.Column(scale=0, min_width=200):
+            o["compare"] = gr.Button("Compare with autoregressive", elem_id="compare")
+            o["exact"] = gr.Button("Re-run both exactly (float32)", visible=False, elem_id="exact-rerun")
+    o["race"] = gr.HTML("", elem_id="race", padding=True, **_named("Race"))
     o.update(step_bar())  # Prev / Play-Pause / Next right above the inspector they move
     o["inspector"] = gr.HTML(empty["inspector"], elem_id="block-inspector", padding=True, **_named("Block inspector"))
     o["inspect_block"] = gr.Slider(0, 1, value=0, step=1, label="Inspect block (0 = the latest)",

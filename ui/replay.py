@@ -24,11 +24,11 @@ from dflash import events as ev
 from dflash.events import event_to_dict
 from dflash.registry import ASSETS
 from dflash.request import DEFAULT_MIN_BLOCK, DEFAULTS
-from ui.controls import FIELDS
-from ui.render import count, run_stats, token_class
-from ui.run_state import RunState
-from ui.trace_schema import (MAX_RUN_EVENTS, MAX_TRACE_BYTES, MAX_TRACE_EVENTS, JsonProblem, TraceError, check_event,
-                             check_meta, check_run, decode_json, line_of, shown)
+from .controls import FIELDS
+from .render import count, run_stats, token_class
+from .run_state import RunState
+from .trace_schema import (MAX_RUN_EVENTS, MAX_TRACE_BYTES, MAX_TRACE_EVENTS, JsonProblem, TraceError, check_event,
+                           check_meta, check_run, decode_json, line_of, shown)
 
 TRACE_FORMAT, TRACE_VERSION = "dflash-trace", 1
 TRACES_DIR = ASSETS / "traces"

@@ -169,7 +169,8 @@ def _wire_generation(pg: Playground, ui: dict[str, Any], outputs: list) -> Any:
            "concurrency_id": "engine", "concurrency_limit": 1}
     gen_event = ui["generate"].click(on_generate, inputs_kwargs=gen_inputs, api_name="generate", preprocess=False, **run)
     ui["prompt"].submit(on_generate, inputs_kwargs=gen_inputs, api_visibility="private", preprocess=False, **run)
-    ui["compare"].click(on_compare, [ui["trace"], ui["history"], ui["show_rejected"]], api_name="compare", **run)
+    ui["compare_event"] = ui["compare"].click(on_compare, [ui["trace"], ui["history"], ui["show_rejected"]],
+                                              api_name="compare", **run)  # the race follows it (ui/wiring_modes.py)
     # Outside the queue, so that it reaches a run at once; it stops the session's queued requests too.
     ui["stop"].click(on_stop, None, ui["status"], api_name="stop", queue=False, show_progress="hidden")
     return gen_event
