@@ -1,6 +1,6 @@
 """DFlash: block-diffusion speculative decoding (arXiv 2602.06036) — engine, training and playground.
 
-Heavy modules (torch, transformers) load lazily, so `import dflash.verify` or the CLI's --help stay light.
+Heavy modules (torch, transformers) load lazily, so `import dflash.verification.verify` or the CLI's --help stay light.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "DFlashConfig": "dflash.api",
     "DFlashModel": "dflash.api",
-    "Engine": "dflash.engine",
-    "Request": "dflash.request",
+    "Engine": "dflash.decode.engine",
+    "Request": "dflash.decode.request",
     "ValidationError": "dflash.errors",
-    "load_engine": "dflash.load",
-    "compute_stats": "dflash.stats",
+    "load_engine": "dflash.loading.load",
+    "compute_stats": "dflash.decode.stats",
 }
 __all__ = list(_EXPORTS)
 

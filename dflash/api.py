@@ -15,10 +15,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from dflash.adaptive import POLICIES
+from dflash.decode.adaptive import POLICIES
 from dflash.errors import ValidationError
-from dflash.registry import PRESETS, draft_dir_problem, looks_like_hub_id
-from dflash.request import DEFAULTS, Request
+from dflash.loading.registry import PRESETS, draft_dir_problem, looks_like_hub_id
+from dflash.decode.request import DEFAULTS, Request
 
 NO_DRAFT_HINT = "to run without a draft, pass use_draft=False to generate or stream (the no-draft baseline)"
 
@@ -43,7 +43,7 @@ class DFlashConfig:
     def __post_init__(self) -> None:
         _check_draft_name(self.draft_model_name)
         if self.dtype is not None or self.device is not None:  # the loader's own checks; they import torch, so only here
-            from dflash.load import check_dtype, pick_device
+            from dflash.loading.load import check_dtype, pick_device
 
             check_dtype(self.dtype)
             if self.device is not None:
@@ -80,8 +80,8 @@ class DFlashModel:
     """target: a preset name, a loaded transformers causal LM (pass its tokenizer too), or a dflash Engine."""
 
     def __init__(self, config: DFlashConfig, target: Any = "default", tokenizer: Any = None):
-        from dflash.engine import Engine
-        from dflash.load import draft_source, load_engine, resolve_draft_dir
+        from dflash.decode.engine import Engine
+        from dflash.loading.load import draft_source, load_engine, resolve_draft_dir
 
         if not isinstance(config, DFlashConfig):
             raise ValidationError("config", f"must be a DFlashConfig, got {type(config).__name__}")
@@ -104,9 +104,9 @@ class DFlashModel:
             self.engine, _ = load_engine(target if target in PRESETS else None, None if target in PRESETS else target,
                                          draft_dir, dtype=config.dtype, device=config.device)
         else:  # an already loaded transformers model
-            from dflash.draft import load_draft
-            from dflash.load import pick_device, pick_dtype
-            from dflash.target import Target
+            from dflash.models.draft import load_draft
+            from dflash.loading.load import pick_device, pick_dtype
+            from dflash.models.target import Target
 
             dev = pick_device(config.device)
             tgt = Target(target, tokenizer, name=getattr(target.config, "_name_or_path", ""), device=dev,
@@ -117,13 +117,13 @@ class DFlashModel:
 
     @property
     def last_result(self) -> Any:
-        """The dflash.engine.Result of this thread's last `generate` (threads sharing a model each read their own), else
+        """The dflash.decode.engine.Result of this thread's last `generate` (threads sharing a model each read their own), else
         the model's latest; None before the first."""
         return getattr(self._mine, "result", self._last)
 
     def stream(self, prompt: str, max_new_tokens: int = 512, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, seed: int = 0, cancel: threading.Event | None = None, **kw: Any) -> Iterator:
-        """The events of one run (dflash.events), with `generate`'s defaults. `cancel`, set from any thread, stops it
+        """The events of one run (dflash.decode.events), with `generate`'s defaults. `cancel`, set from any thread, stops it
         after the current block."""
         return self.engine.stream(self._request(prompt, max_new_tokens, temperature, top_p, top_k, seed, kw), cancel)
 
@@ -158,7 +158,7 @@ def _check_draft_name(name: Any) -> None:
 def _check_engine_agrees(config: DFlashConfig, engine: Any) -> None:
     """DFlashModel(config, engine) runs the engine as it was loaded: a load option saying otherwise is refused rather
     than ignored. The defaults (dtype/device None, draft "default") leave the engine's."""
-    from dflash.load import draft_source, pick_device, pick_dtype
+    from dflash.loading.load import draft_source, pick_device, pick_dtype
 
     tg = engine.target
     if config.dtype not in (None, "auto") and pick_dtype(config.dtype, tg.device) != tg.dtype:

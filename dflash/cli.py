@@ -13,13 +13,13 @@ import threading
 from typing import NoReturn
 from pathlib import Path
 
-from dflash.adaptive import POLICIES
+from dflash.decode.adaptive import POLICIES
 from dflash.errors import DFlashError, ValidationError
-from dflash.registry import draft_dir_problem, looks_like_hub_id
-from dflash.request import DEFAULTS, VERIFY_RULES
+from dflash.loading.registry import draft_dir_problem, looks_like_hub_id
+from dflash.decode.request import DEFAULTS, VERIFY_RULES
 
 # Subcommands living in their own packages: module path → function adding the parser.
-SUBCOMMANDS = {"bench": "dflash.bench.cli", "train": "dflash.training.cli", "draft": "dflash.export"}
+SUBCOMMANDS = {"bench": "dflash.bench.cli", "train": "dflash.training.cli", "draft": "dflash.loading.export"}
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -115,13 +115,13 @@ def check_model_args(args: argparse.Namespace) -> None:
     check_draft_option(args)
     if args.threads is not None and args.threads < 1:
         raise ValidationError("--threads", f"must be >= 1, got {args.threads}")
-    if args.threads is not None:  # the upper bound needs dflash.host (torch): only when --threads is given
-        from dflash.host import threads_problem
+    if args.threads is not None:  # the upper bound needs dflash.loading.host (torch): only when --threads is given
+        from dflash.loading.host import threads_problem
 
         if problem := threads_problem(args.threads):
             raise ValidationError("--threads", problem)
     if getattr(args, "device", None):  # the loader's own check (it imports torch: only when a device is named)
-        from dflash.load import pick_device
+        from dflash.loading.load import pick_device
 
         pick_device(args.device)
 
@@ -129,7 +129,7 @@ def check_model_args(args: argparse.Namespace) -> None:
 def engine_from_args(args: argparse.Namespace):
     """The engine the model options name; a draft the user named that cannot be loaded is named as --draft."""
     from dflash.errors import ModelLoadError
-    from dflash.load import load_engine
+    from dflash.loading.load import load_engine
 
     check_model_args(args)
     try:
@@ -142,8 +142,8 @@ def engine_from_args(args: argparse.Namespace):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from dflash.events import Commit, Finished, event_to_dict
-    from dflash.request import Request
+    from dflash.decode.events import Commit, Finished, event_to_dict
+    from dflash.decode.request import Request
 
     if (args.prompt is None) == (args.prompt_ids is None):
         raise ValidationError("--prompt", "give --prompt TEXT or --prompt-ids 1,2,3 (one of them, not both)")
@@ -312,7 +312,7 @@ def option_words(args: argparse.Namespace, message: str) -> str:
     path, nor one the user typed as a value (`--draft no_draft`)."""
     import dataclasses
 
-    from dflash.request import Request
+    from dflash.decode.request import Request
 
     fields = {f.name for f in dataclasses.fields(Request)} - {"use_draft"}
     typed = " ".join(v for v in vars(args).values() if isinstance(v, str))

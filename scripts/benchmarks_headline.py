@@ -11,7 +11,7 @@ root = Path(__file__).resolve().parent.parent
 res = root / "results"
 sys.path.insert(0, str(root))
 
-from dflash.adaptive import resolve  # noqa: E402  (the repository root is on the path from here on)
+from dflash.decode.adaptive import resolve  # noqa: E402  (the repository root is on the path from here on)
 from doc_text import wrap  # noqa: E402  (scripts/ is on the path: this script's folder)
 
 

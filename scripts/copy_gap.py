@@ -34,10 +34,10 @@ def main() -> None:
         ap.error("--draft: expected LABEL=DIR")
 
     from dflash.bench.machine import machine_info
-    from dflash.datasets import load_prompts
-    from dflash.draft import load_draft
-    from dflash.engine import Engine
-    from dflash.load import load_engine
+    from dflash.loading.datasets import load_prompts
+    from dflash.models.draft import load_draft
+    from dflash.decode.engine import Engine
+    from dflash.loading.load import load_engine
     from dflash.training.copy_gap import copy_gap
 
     out = Path(args.out)

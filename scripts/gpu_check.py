@@ -68,7 +68,7 @@ def env_info(device: str) -> dict:
     import torch
     import transformers
 
-    from dflash import verify_dispatch
+    from dflash.verification import verify_dispatch
 
     info = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
             "device": device, "kernels_backend": verify_dispatch.backend(device), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -87,7 +87,7 @@ def env_info(device: str) -> dict:
 def random_draft(target, block_size: int = 16):
     import torch
 
-    from dflash.draft import DFlashDraftModel, DraftConfig
+    from dflash.models.draft import DFlashDraftModel, DraftConfig
 
     torch.manual_seed(1)
     return DFlashDraftModel(DraftConfig.for_target(target.config, target.vocab_size, block_size=block_size))
@@ -95,12 +95,12 @@ def random_draft(target, block_size: int = 16):
 
 def build_engine(args, device: str, dtype: str):
     """(engine, description) on the default models; random stand-ins where a model is not available."""
-    from dflash.engine import Engine
+    from dflash.decode.engine import Engine
     from dflash.errors import ModelLoadError
     from dflash.bench.host_work import smollm2_shaped
-    from dflash.load import default_draft_available, load_engine, pick_dtype
-    from dflash.registry import DEFAULT_DRAFT_DIR
-    from dflash.target import Target
+    from dflash.loading.load import default_draft_available, load_engine, pick_dtype
+    from dflash.loading.registry import DEFAULT_DRAFT_DIR
+    from dflash.models.target import Target
 
     try:
         engine, _ = load_engine(preset=None if args.target != "default" else "default",
@@ -113,7 +113,7 @@ def build_engine(args, device: str, dtype: str):
         target_desc = f"random weights, SmolLM2-135M shape (default target unavailable: {exc})"
     draft_dir = args.draft or str(DEFAULT_DRAFT_DIR)
     if default_draft_available(draft_dir):
-        from dflash.draft import load_draft
+        from dflash.models.draft import load_draft
 
         draft, vocab = load_draft(draft_dir)
         draft_desc = draft_dir
@@ -125,11 +125,11 @@ def build_engine(args, device: str, dtype: str):
 def requests_for(engine, n: int, tokens: int, **kw):
     import torch
 
-    from dflash.request import Request
+    from dflash.decode.request import Request
 
     if engine.target.tokenizer is not None:
         try:
-            from dflash.datasets import load_prompts
+            from dflash.loading.datasets import load_prompts
 
             prompts = list(load_prompts("mt-bench", n))
         except Exception:  # noqa: BLE001 — the dataset package is optional on the device machine
@@ -179,7 +179,7 @@ def check_oracle(args, device: str) -> dict:
     must be accepted whole and the output must equal the target-only run, with the kernels and the reference."""
     sys.path.insert(0, str(ROOT))  # the oracle is a test proposer (tests/proposers.py)
     from tests.proposers import OracleDrafter
-    from dflash.events import Verify
+    from dflash.decode.events import Verify
 
     engine, desc = build_engine(args, device, "float32")
     real = engine.drafter
@@ -251,7 +251,7 @@ def check_speed(args, device: str) -> dict:
         rows.append({"config": name, "tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tps, 1),
                      "tau": round(sum(taus) / len(taus), 2), "speedup": round(base[1] / seconds * tokens / base[0], 2)
                      if base[0] and tokens else 0.0})
-    from dflash.verify_dispatch import MEASURED
+    from dflash.verification.verify_dispatch import MEASURED
 
     return {"ok": True, "models": desc, "dtype": "bfloat16" if device == "cuda" else "float32", "prompts": len(reqs),
             "max_new_tokens": reqs[0].max_new_tokens, "rows": rows,

@@ -53,7 +53,7 @@ def match_cases(tally: Tally, gen, device: str, vocab: int, n: int, dtype, bsz: 
     """The greedy / sampled / relaxed match rule: `bsz` rows of `n` drafts, the last row wrong from its middle on."""
     import torch
 
-    from dflash import verify as reference
+    from dflash.verification import verify as reference
     from dflash.kernels.greedy_verify_triton import match_verify_batched
 
     for t, k, p, a in settings:
@@ -71,8 +71,8 @@ def spec_cases(tally: Tally, gen, device: str, vocab: int, n: int, dtype, bsz: i
     """Leviathan's rejection rule with a draft distribution q near the target's."""
     import torch
 
-    from dflash import verify as reference
-    from dflash.sampling import target_probs
+    from dflash.verification import verify as reference
+    from dflash.verification.sampling import target_probs
     from dflash.kernels.spec_sample_triton import speculative_verify_batched
 
     for t, k, p in settings:
@@ -91,7 +91,7 @@ def noise_cases(tally: Tally, device: str, vocabs) -> None:
     """The engine's noise computed on the device: the same numbers as on the CPU."""
     import torch
 
-    from dflash.sampling import gumbel_noise
+    from dflash.verification.sampling import gumbel_noise
 
     for vocab in vocabs:
         host, dev = (gumbel_noise(7, list(range(100, 116)), vocab, 2, where) for where in ("cpu", device))
@@ -103,8 +103,8 @@ def dispatch_timings(gen, device: str) -> dict:
     kernel and reference, and per block of noise; synchronised, after warm-up."""
     import torch
 
-    from dflash import verify_dispatch
-    from dflash.sampling import gumbel_noise
+    from dflash.verification import verify_dispatch
+    from dflash.verification.sampling import gumbel_noise
 
     def per_call(fn) -> float:
         for _ in range(5):

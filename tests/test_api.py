@@ -3,8 +3,8 @@
 import pytest
 
 from dflash import DFlashConfig, DFlashModel, Engine, ValidationError
-from dflash.draft import save_draft
-from dflash.target import Target
+from dflash.models.draft import save_draft
+from dflash.models.target import Target
 from tests.engine_helpers import random_default_draft
 
 
@@ -188,7 +188,7 @@ def test_an_engine_from_load_engine_accepts_its_own_draft_however_the_directory_
     refused as another one."""
     import os
 
-    from dflash.load import load_engine
+    from dflash.loading.load import load_engine
 
     monkeypatch.setenv("DFLASH_PROBE", "0")
     engine, info = load_engine("default", dtype="float32")

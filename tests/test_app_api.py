@@ -18,10 +18,10 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from gradio_client.utils import Status
 
-from dflash.engine import PREFILL_CHUNK
+from dflash.decode.engine import PREFILL_CHUNK
 from dflash.errors import BusyError
-from dflash.events import Commit
-from dflash.request import Request
+from dflash.decode.events import Commit
+from dflash.decode.request import Request
 from tests.ui_support import PROMPT, paced_text_engine, tiny_text_engine
 from ui import build_demo, launch_kwargs, torch_thread
 from ui.engines import EngineProvider
@@ -688,8 +688,8 @@ def test_short_generation_on_the_default_target_with_a_random_draft_is_lossless(
     """The session's engine (conftest): the real target with a random draft of the default's shape, block 8."""
     from ui.engines import load_preset
     from ui.text import NO_DRAFT_NOTICE
-    from dflash.load import default_draft_available
-    from dflash.registry import get_preset
+    from dflash.loading.load import default_draft_available
+    from dflash.loading.registry import get_preset
 
     torch.set_num_threads(2)
     engine = real_engine

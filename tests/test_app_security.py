@@ -152,7 +152,7 @@ def test_queue_is_bounded_and_generation_is_serialised(app):
 
 
 def test_preset_dropdown_allows_registry_values_only(app):
-    from dflash.registry import PRESETS
+    from dflash.loading.registry import PRESETS
 
     dropdown = next(b for b in app.demo.blocks.values() if getattr(b, "elem_id", None) == "preset")
     assert dropdown.allow_custom_value is False

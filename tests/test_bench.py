@@ -10,16 +10,16 @@ import pytest
 import torch
 
 from conftest import tiny_draft, tiny_target
-from dflash import events as ev
+from dflash.decode import events as ev
 from dflash.bench import report
 from dflash.bench.baselines import hf_generate
 from dflash.bench.runner import BenchConfig, compare
 from dflash.cli import main
-from dflash.draft import save_draft
-from dflash.engine import Engine
+from dflash.models.draft import save_draft
+from dflash.decode.engine import Engine
 from dflash.errors import ValidationError
-from dflash.request import Request
-from dflash.stats import compute_stats, output_gaps, speedup
+from dflash.decode.request import Request
+from dflash.decode.stats import compute_stats, output_gaps, speedup
 
 torch.set_num_threads(1)  # shared 2-core machine: OpenMP spin-waiting makes 2 threads far slower for tiny models
 
@@ -219,7 +219,7 @@ def test_compare_common_length():
 
 
 def test_compare_diagnoses_a_difference_from_both_runs_gaps(monkeypatch):
-    from dflash import stats
+    from dflash.decode import stats
 
     monkeypatch.setitem(stats.TIE_BOUND, "bfloat16", 0.25)
     tie = compare([1, 2, 3], [1, 5, 6], "length", [1.0, 0.03, 2.0], [1.0, 0.05, 0.5], "bfloat16")
@@ -328,7 +328,7 @@ def test_settings_profile_runs_every_fixed_setting_against_the_default(bench_dir
     hf-generate in the same, and ar in every dtype × threads × layout, interleaved; float32 in either layout and at
     any thread count gives the default's (float32) tokens."""
     from dflash.bench.profile import main as profile_main
-    from dflash.host import thread_candidates
+    from dflash.loading.host import thread_candidates
 
     d, _ = bench_dir
     assert profile_main(["settings", "--target", str(d / "target"), "--draft", str(d / "draft"), "--prompts",
@@ -377,7 +377,7 @@ def test_settings_profile_runs_dflash_in_every_fixed_setting(bench_dir, capsys):
     """`profile settings --method dflash`: DFlash in the default settings and in every dtype × threads × layout (each
     with its own copy of the draft), and ar in the default settings; float32 DFlash gives ar's tokens (lossless)."""
     from dflash.bench.profile import main as profile_main
-    from dflash.host import thread_candidates
+    from dflash.loading.host import thread_candidates
 
     d, _ = bench_dir
     base = ["settings", "--target", str(d / "target"), "--prompts", str(d / "prompts.jsonl"), "--limit", "2",
@@ -420,7 +420,7 @@ def test_drift_percentile_is_the_nearest_rank_over_everything_added():
     import numpy as np
 
     from dflash.bench.drift import Drift
-    from dflash.verify import top2_gap
+    from dflash.verification.verify import top2_gap
 
     gen = torch.Generator().manual_seed(5)
     pairs = [(torch.randn(n, 500, generator=gen), None) for n in (3, 7, 1)]
@@ -440,7 +440,7 @@ def test_drift_percentile_is_the_nearest_rank_over_everything_added():
 
 def test_logit_drift_command_on_the_tiny_target(bench_dir, capsys):
     from dflash.bench.profile import main as profile_main
-    from dflash.stats import tie_bound_from
+    from dflash.decode.stats import tie_bound_from
 
     d, _ = bench_dir
     argv = ["logit-drift", "--target", str(d / "target"), "--prompts", str(d / "prompts.jsonl"), "--limit", "2",
@@ -574,7 +574,7 @@ def test_summary_speedup_spread_identity_memory():
     assert "(ar 3, dflash 3): expected, the run is lossy (2 tokens accepted by the relaxed rule; top-2 gaps" in md
 
 
-# -- statistics on synthetic event streams (dflash.stats, what the summaries are built from) ----------------------
+# -- statistics on synthetic event streams (dflash.decode.stats, what the summaries are built from) ----------------------
 def _events(blocks: list[tuple[int, int]], t_step: float = 10.0) -> list:
     """Events of a run whose blocks have (block_size, accepted_len); the first token at t = 100 ms."""
     out = [ev.Started({}, [1, 2], "", True, 0, 8, False), ev.Prefill(2, 80.0),

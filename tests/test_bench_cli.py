@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import tiny_draft, tiny_target
-from dflash.draft import save_draft
+from dflash.models.draft import save_draft
 from tests.cli_support import interruptible, run_main
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash.draft import DFlashDraftModel, DraftConfig, save_draft
+from dflash.models.draft import DFlashDraftModel, DraftConfig, save_draft
 from tests.cli_support import capped_memory, interruptible, run_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -340,7 +340,7 @@ def test_cached_host_settings_that_do_not_fit_this_machine_are_measured_again(mo
     a 2-core machine was used silently (time to first token 61 -> 267 ms)."""
     from dataclasses import asdict
 
-    from dflash import host
+    from dflash.loading import host
 
     env = {**ENV, "DFLASH_CACHE": str(tmp_path)}
     run = ["--target", str(models / "target"), "--draft", str(models / "draft"), "--prompt-ids", "5,6,7",

@@ -1,4 +1,4 @@
-"""Prompt sets from files (dflash.datasets): the limit, JSONL lines that are not JSON objects, rows without prompts."""
+"""Prompt sets from files (dflash.loading.datasets): the limit, JSONL lines that are not JSON objects, rows without prompts."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dflash.datasets import jsonl_prompts, load_prompts
+from dflash.loading.datasets import jsonl_prompts, load_prompts
 from dflash.errors import ValidationError
 
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from conftest import tiny_draft, tiny_target
-from dflash.draft import extract_context_feature
-from dflash.engine import Engine
-from dflash.events import DraftStep, Verify
-from dflash.request import Request
+from dflash.models.draft import extract_context_feature
+from dflash.decode.engine import Engine
+from dflash.decode.events import DraftStep, Verify
+from dflash.decode.request import Request
 from engine_helpers import reference_greedy
 
 PROMPT = [8, 16, 32, 64]

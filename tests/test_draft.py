@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from conftest import tiny_draft, tiny_target
-from dflash.draft import (CONFIG_NAME, WEIGHTS_NAME, DraftCache, DraftConfig, build_target_layer_ids,
+from dflash.models.draft import (CONFIG_NAME, WEIGHTS_NAME, DraftCache, DraftConfig, build_target_layer_ids,
                           extract_context_feature, load_draft, rope_inv_freq, save_draft)
 from dflash.errors import ModelLoadError
 import engine_helpers  # noqa: F401  (one CPU thread)

@@ -1,4 +1,4 @@
-"""A draft's config.json checked before anything is allocated (dflash.draft_check, through `load_draft`): every bad
+"""A draft's config.json checked before anything is allocated (dflash.models.draft_check, through `load_draft`): every bad
 size is named by its field, its value and what was expected; one that disagrees with the weights is named against
 what model.safetensors holds."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import tiny_draft, tiny_target
-from dflash.draft import CONFIG_NAME, WEIGHTS_NAME, load_draft, save_draft
+from dflash.models.draft import CONFIG_NAME, WEIGHTS_NAME, load_draft, save_draft
 from dflash.errors import ModelLoadError
 import engine_helpers  # noqa: F401  (one CPU thread)
 

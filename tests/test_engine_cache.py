@@ -11,15 +11,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-import dflash.engine as engine_mod
+import dflash.decode.engine as engine_mod
 from conftest import tiny_draft, tiny_target
-from dflash.draft import extract_context_feature
-from dflash.drafter import Drafter
-from dflash.engine import Engine
-from dflash.events import DRAFT, Commit, Verify
-from dflash.proposer import Proposal, Proposer
-from dflash.request import Request
-from dflash.target import Target
+from dflash.models.draft import extract_context_feature
+from dflash.decode.drafter import Drafter
+from dflash.decode.engine import Engine
+from dflash.decode.events import DRAFT, Commit, Verify
+from dflash.decode.proposer import Proposal, Proposer
+from dflash.decode.request import Request
+from dflash.models.target import Target
 from engine_helpers import RandomController, reference_greedy, reference_sample
 
 

@@ -15,12 +15,12 @@ from collections import Counter
 import pytest
 import torch
 
-from dflash.draft import DFlashDraftModel, DraftConfig
-from dflash.engine import Engine
-from dflash.events import Commit, Verify
-from dflash.request import Request
-from dflash.target import Target
-from dflash.verify import rejection_verify
+from dflash.models.draft import DFlashDraftModel, DraftConfig
+from dflash.decode.engine import Engine
+from dflash.decode.events import Commit, Verify
+from dflash.decode.request import Request
+from dflash.models.target import Target
+from dflash.verification.verify import rejection_verify
 import engine_helpers  # noqa: F401  (one CPU thread)
 
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from conftest import tiny_draft, tiny_target
-from dflash.engine import Engine
+from dflash.decode.engine import Engine
 from dflash.errors import BusyError
-from dflash.events import Commit, Finished
-from dflash.request import Request
+from dflash.decode.events import Commit, Finished
+from dflash.decode.request import Request
 from engine_helpers import FailingTarget, reference_greedy
 
 PROMPT = (3, 1, 4, 1, 5)

@@ -12,13 +12,13 @@ import random
 import pytest
 import torch
 
-import dflash.engine as engine_mod
+import dflash.decode.engine as engine_mod
 from conftest import tiny_draft, tiny_target
-from dflash.adaptive import POLICIES
-from dflash.engine import Engine
-from dflash.events import BONUS, COPY, CORRECTION, DRAFT, BlockSize, Commit, Started, Verify
-from dflash.lookup import copied_span, find
-from dflash.request import Request
+from dflash.decode.adaptive import POLICIES
+from dflash.decode.engine import Engine
+from dflash.decode.events import BONUS, COPY, CORRECTION, DRAFT, BlockSize, Commit, Started, Verify
+from dflash.decode.lookup import copied_span, find
+from dflash.decode.request import Request
 from engine_helpers import (RandomController, AdversarialDrafter, OracleDrafter, commits, reference_greedy, reference_sample,
                             with_drafter)
 
@@ -299,8 +299,8 @@ def test_sampled_commits_carry_the_margin_of_the_noisy_scores(models):
     """A sampled token (match rule, no top-k / top-p) is the argmax of logits + T·noise at its position: its margin
     is that sum's top-2 gap, recomputed here from one teacher-forced forward of the output. The rejection rule and
     top-p sampling keep none (their tokens are not such an argmax alone)."""
-    from dflash.sampling import GUMBEL_TARGET, gumbel_noise
-    from dflash.verify import top2_gap
+    from dflash.verification.sampling import GUMBEL_TARGET, gumbel_noise
+    from dflash.verification.verify import top2_gap
 
     _, engine = models["qwen3"]
     with_drafter(engine, None, [])

@@ -9,10 +9,10 @@ import pytest
 from conftest import tiny_draft, tiny_target
 from engine_helpers import reference_greedy
 
-from dflash.engine import PREFILL_CHUNK, Engine
-from dflash.events import Commit, Finished, Prefill, Started, Verify
-from dflash.request import Request
-from dflash.target import Target
+from dflash.decode.engine import PREFILL_CHUNK, Engine
+from dflash.decode.events import Commit, Finished, Prefill, Started, Verify
+from dflash.decode.request import Request
+from dflash.models.target import Target
 
 
 class CountingTarget(Target):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash.engine import Engine
-from dflash.events import Commit, Verify
-from dflash.request import Request
+from dflash.decode.engine import Engine
+from dflash.decode.events import Commit, Verify
+from dflash.decode.request import Request
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ def test_dflash_random_draft_equals_no_draft_on_smollm2(real_engine):
     for res in (base, dflash):
         assert "".join(e.text_delta for e in res.events if isinstance(e, Commit)) == res.text
         assert res.text == tok.decode(res.output_ids, skip_special_tokens=True)
-    verifies = [e for e in dflash.events if isinstance(e, Verify)]
+    verifies = [e for e in dflash.decode.events if isinstance(e, Verify)]
     assert verifies and all(v.block_size > 1 for v in verifies[:-1])
     # The end-of-turn token is one of the engine's stop ids.
     assert tok.convert_tokens_to_ids("<|im_end|>") in smollm2.stop_ids()
@@ -45,7 +45,7 @@ def all_cores():
     """These tests decode hundreds of tokens with the real 135M target: on every usable core, as the engine runs
     (the suite pins one thread for tiny models on a shared machine). Measured on a 2-core AVX2-only EPYC, 2 MT-Bench
     prompts × 48 tokens with and without the draft in bfloat16: 15.6 s at 2 threads, 23.1 s at 1."""
-    from dflash.host import usable_cores
+    from dflash.loading.host import usable_cores
 
     before = torch.get_num_threads()
     torch.set_num_threads(usable_cores())
@@ -57,9 +57,9 @@ def _shipped_engine(real_target, dtype: torch.dtype, layout: str) -> Engine:
     """The shipped draft on the real target. In bfloat16 the prompt's prefill runs its matmuls in float32, as the
     default engine does on a CPU without native bfloat16 products (64 tokens there: 0.67 s instead of 2.06 s); a
     verify of a block stays in bfloat16 (fewer rows than FLOAT32_ROWS), so its rounding is what the tests diagnose."""
-    from dflash.draft import load_draft
-    from dflash.probe import FLOAT32_ROWS
-    from dflash.registry import get_preset
+    from dflash.models.draft import load_draft
+    from dflash.loading.probe import FLOAT32_ROWS
+    from dflash.loading.registry import get_preset
 
     target = real_target("smollm2", dtype=dtype, layout=layout,
                          float32_from_rows=FLOAT32_ROWS if dtype == torch.bfloat16 else 0)  # a copy of the session's
@@ -81,8 +81,8 @@ def float32_engine(real_target) -> Engine:
 def _compare_on_prompts(engine: Engine, n_prompts: int = 6, max_new_tokens: int = 48, **sampling) -> list[dict | None]:
     """DFlash against the no-draft loop on MT-Bench prompts (greedy unless `sampling` gives a temperature and seed):
     the diagnosis of each (None: identical)."""
-    from dflash.datasets import load_prompts
-    from dflash.stats import diagnose_difference, output_gaps
+    from dflash.loading.datasets import load_prompts
+    from dflash.decode.stats import diagnose_difference, output_gaps
 
     dtype = str(engine.target.dtype).removeprefix("torch.")
     out = []
@@ -91,7 +91,7 @@ def _compare_on_prompts(engine: Engine, n_prompts: int = 6, max_new_tokens: int 
                 for d in (False, True)]
         base, dflash = runs
         out.append(diagnose_difference(base.output_ids, output_gaps(base.events), dflash.output_ids,
-                                       output_gaps(dflash.events), dtype))
+                                       output_gaps(dflash.decode.events), dtype))
     return out
 
 
@@ -116,7 +116,7 @@ def test_every_sampled_bfloat16_difference_is_a_diagnosed_numerical_tie(bfloat16
     assert all(d is None or (d["verdict"] == "tie" and d["ref_gap"] is not None) for d in found), found
     # The margins are recorded for every token, and are the noisy scores' (not the logits') top-2 gaps.
     res = engine.generate(Request(prompt="Name three colours.", max_new_tokens=12, temperature=0.7, seed=3))
-    from dflash.stats import output_gaps
+    from dflash.decode.stats import output_gaps
     gaps = output_gaps(res.events)
     assert gaps is not None and len(gaps) == len(res.output_ids) and all(g >= 0 for g in gaps)
     # With top-p the nucleus's edge can move with the rounding too: no margin is claimed.
@@ -127,7 +127,7 @@ def test_every_sampled_bfloat16_difference_is_a_diagnosed_numerical_tie(bfloat16
 def test_copying_from_the_context_is_identical_on_real_prompts(float32_engine):
     """lookup_ngram=2 with the shipped draft in float32: the same tokens as the no-draft loop, and the copy is used
     (a prompt that asks for repetition, and MT-Bench prompts)."""
-    from dflash.datasets import load_prompts
+    from dflash.loading.datasets import load_prompts
 
     engine = float32_engine
     copied = drafted = 0

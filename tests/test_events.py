@@ -10,10 +10,10 @@ import threading
 import pytest
 
 from conftest import tiny_draft, tiny_target
-from dflash import events as ev
-from dflash.engine import Engine
-from dflash.request import Request
-from dflash.stats import compute_stats
+from dflash.decode import events as ev
+from dflash.decode.engine import Engine
+from dflash.decode.request import Request
+from dflash.decode.stats import compute_stats
 from engine_helpers import FailingTarget, reference_greedy
 
 PROMPT = (2, 7, 1, 8, 2, 8)

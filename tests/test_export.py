@@ -1,4 +1,4 @@
-"""`python -m dflash draft export` (dflash/export.py) through the command line: the full-head export of the shipped
+"""`python -m dflash draft export` (dflash/loading/export.py) through the command line: the full-head export of the shipped
 draft for SGLang or vLLM, vLLM's draft-vocabulary form (d2t) on a tiny draft and target, one-line errors for bad
 options; and docs/deploy.md's serving numbers and front matter against the draft and the README. The vLLM export
 runs in a subprocess, as a user runs it; the rest through `main(argv)` in this process."""
@@ -17,8 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dflash.draft import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, load_draft, save_draft
-from dflash.registry import DEFAULT_DRAFT_DIR
+from dflash.models.draft import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, load_draft, save_draft
+from dflash.loading.registry import DEFAULT_DRAFT_DIR
 from tests.cli_support import run_main
 from tests.conftest import VOCAB, tiny_draft, tiny_target
 

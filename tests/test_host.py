@@ -1,4 +1,4 @@
-"""dflash.host: the CPU settings chosen by the probe on a real (tiny) model, their per-machine cache, and what the
+"""dflash.loading.host: the CPU settings chosen by the probe on a real (tiny) model, their per-machine cache, and what the
 caller fixes."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 import torch
 from conftest import tiny_target
 
-from dflash import host, probe
+from dflash.loading import host, probe
 from dflash.errors import ValidationError
-from dflash.packed import layout_of
+from dflash.models.packed import layout_of
 
 
 def test_thread_candidates_are_one_half_and_all_cores():
@@ -134,7 +134,7 @@ def test_more_threads_than_usable_cores_are_refused(monkeypatch):
     monkeypatch.setenv("DFLASH_THREADS", str(cores + 1))
     with pytest.raises(ValidationError, match=rf"DFLASH_THREADS: must be in \[1, {cores}\] \(this machine's usable cores\)"):
         host.env_threads()
-    from dflash.load import check_threads
+    from dflash.loading.load import check_threads
 
     with pytest.raises(ValidationError, match=rf"threads: must be in \[1, {cores}\]"):
         check_threads(cores + 1)
@@ -270,7 +270,7 @@ def test_the_cache_keeps_this_machines_newest_choices(tmp_path):
 def test_a_probe_says_so_on_stderr_once_and_a_cached_start_says_nothing(tmp_path):
     """A first start measures the CPU before anything else shows: one line says so on stderr (Python prints a
     warning without any logging set up, as in the CLI); a start that reads the cached choice is silent."""
-    code = ("import sys; from pathlib import Path; from tests.conftest import tiny_target; from dflash import host; "
+    code = ("import sys; from pathlib import Path; from tests.conftest import tiny_target; from dflash.loading import host; "
             "host.choose(tiny_target('llama', seed=0).model, 'tiny', 4, Path(sys.argv[1]))")
     root = Path(__file__).resolve().parents[1]
     runs = [subprocess.run([sys.executable, "-c", code, str(tmp_path / "s.json")], cwd=root, capture_output=True,

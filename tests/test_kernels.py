@@ -1,12 +1,12 @@
 """Kernels: the PyTorch reference is the specification; every Triton kernel must give the same tokens.
 
 - `dflash.kernels` imports no other `dflash` module (checked in a fresh interpreter).
-- The reference is `dflash.verify` (its batched forms checked against it) and matches naive formulas.
+- The reference is `dflash.verification.verify` (its batched forms checked against it) and matches naive formulas.
 - On CPU the Triton kernels run under Triton's interpreter (`TRITON_INTERPRET=1`, set below before any kernel
   module is imported; only this module imports them), on small shapes: non-power-of-two vocabularies, several
   tiles, block sizes 1, 4, 16, batch 1 and > 1, every filter, ties. They are also compiled for Hopper (sm_90)
   in a subprocess, which needs no GPU and catches what the interpreter does not type-check.
-- The dispatch (`dflash.verify_dispatch`) falls back to the reference without CUDA or without Triton, and the
+- The dispatch (`dflash.verification.verify_dispatch`) falls back to the reference without CUDA or without Triton, and the
   engine through it stays lossless; with DFLASH_KERNELS=triton the engine runs the (interpreted) kernels and
   emits the same tokens.
 - `gpu` tests run the compiled kernels on CUDA against the reference computed on CPU copies of the inputs
@@ -32,12 +32,12 @@ if not HAS_CUDA:
 
 from conftest import tiny_draft, tiny_target  # noqa: E402
 from device_check import SimulatedDevice  # noqa: E402
-from dflash import verify as reference  # noqa: E402  (the specification of the kernels)
-from dflash import verify_dispatch as dispatch  # noqa: E402
-from dflash.engine import Engine  # noqa: E402
-from dflash.request import Request  # noqa: E402
-from dflash.sampling import target_probs  # noqa: E402
-from dflash.verify import match_verify, rejection_verify  # noqa: E402
+from dflash.verification import verify as reference  # noqa: E402  (the specification of the kernels)
+from dflash.verification import verify_dispatch as dispatch  # noqa: E402
+from dflash.decode.engine import Engine  # noqa: E402
+from dflash.decode.request import Request  # noqa: E402
+from dflash.verification.sampling import target_probs  # noqa: E402
+from dflash.verification.verify import match_verify, rejection_verify  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 HAS_TRITON = dispatch.triton_importable()
@@ -255,7 +255,7 @@ def test_spec_sample_kernel_interpreted(setting):
 @interpreted
 @pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
 def test_dispatch_wrappers_return_reference_outcomes(monkeypatch):
-    """dispatch.match_verify / speculative_verify through Triton give the same Outcome as dflash.verify."""
+    """dispatch.match_verify / speculative_verify through Triton give the same Outcome as dflash.verification.verify."""
     monkeypatch.setenv("DFLASH_KERNELS", "triton")
     draft, logits, g = match_case(1, 6, 90, 0.0, seed=3)
     for d, x in ((draft[0], logits[0]), (torch.empty(0, dtype=torch.long), logits[0, :1])):
@@ -458,7 +458,7 @@ def test_kernel_parity_gpu(dtype, vocab, n):
 
 
 def cuda_engine(arch: str, dtype: torch.dtype, block_size: int = 8) -> Engine:
-    from dflash.target import Target
+    from dflash.models.target import Target
 
     cpu = tiny_target(arch)
     target = Target(cpu.model, None, name=cpu.name, device=torch.device("cuda"), dtype=dtype)

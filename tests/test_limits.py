@@ -1,10 +1,10 @@
-"""dflash/limits.py: the block sizes a drafted run uses and the context budget (pure functions of the request)."""
+"""dflash/decode/limits.py: the block sizes a drafted run uses and the context budget (pure functions of the request)."""
 
 import pytest
 
 from dflash.errors import ValidationError
-from dflash.limits import block_sizes, check_context
-from dflash.request import Request
+from dflash.decode.limits import block_sizes, check_context
+from dflash.decode.request import Request
 
 
 @pytest.mark.parametrize("fields, want", [

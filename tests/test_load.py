@@ -1,4 +1,4 @@
-"""dflash.load: a missing GGUF package is reported, never installed; the CUDA loading path (bitsandbytes options,
+"""dflash.loading.load: a missing GGUF package is reported, never installed; the CUDA loading path (bitsandbytes options,
 accelerate device maps) and targets whose weights were placed at load time. What needs a GPU is `gpu`-marked; the
 rest runs on CPU."""
 
@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from conftest import tiny_draft, tiny_target
-from dflash.engine import Engine
+from dflash.decode.engine import Engine
 from dflash.errors import ModelLoadError
-from dflash.load import auto_device_map, gpu_load_options, load_engine, load_target_model
-from dflash.registry import SMOLLM2_GGUF
-from dflash.request import Request
-from dflash.target import Target
+from dflash.loading.load import auto_device_map, gpu_load_options, load_engine, load_target_model
+from dflash.loading.registry import SMOLLM2_GGUF
+from dflash.decode.request import Request
+from dflash.models.target import Target
 
 CUDA = torch.device("cuda", 0)
 

@@ -1,4 +1,4 @@
-"""dflash.lookup: the n-gram index against a brute-force search, the copied span, and the copy proposal's law."""
+"""dflash.decode.lookup: the n-gram index against a brute-force search, the copied span, and the copy proposal's law."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from dflash.lookup import NgramIndex, copied_span, copy_proposal, find
-from dflash.request import MAX_NGRAM
+from dflash.decode.lookup import NgramIndex, copied_span, copy_proposal, find
+from dflash.decode.request import MAX_NGRAM
 
 
 def brute_force(tokens: list[int], n: int) -> int | None:

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 site = Path(sys.argv[1]).resolve()
 import dflash, dflash.kernels, dflash_playground
-from dflash.registry import ASSETS, DEFAULT_DRAFT_DIR
-from dflash.draft import load_draft
+from dflash.loading.registry import ASSETS, DEFAULT_DRAFT_DIR
+from dflash.models.draft import load_draft
 from dflash_playground.layout import CSS_PATH
 from dflash_playground.replay import bundled_traces
 for mod in (dflash, dflash.kernels, dflash_playground):

@@ -1,4 +1,4 @@
-"""dflash.packed: the oneDNN pre-packed LM head gives F.linear's results (exactly for one row), follows in-place
+"""dflash.models.packed: the oneDNN pre-packed LM head gives F.linear's results (exactly for one row), follows in-place
 changes of the weight, and steps aside for inputs that need a gradient."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dflash.packed import PackedLinear
+from dflash.models.packed import PackedLinear
 
 
 def test_packed_head_matches_linear():
@@ -32,7 +32,7 @@ def test_packed_head_matches_linear():
 def test_transposed_linear_computes_the_same_product_and_swaps_back_exactly():
     from torch import nn
 
-    from dflash.packed import TransposedLinear, layout_of, set_layout
+    from dflash.models.packed import TransposedLinear, layout_of, set_layout
 
     torch.manual_seed(1)
     block = nn.Sequential(nn.Linear(64, 96, bias=False), nn.ReLU(), nn.Sequential(nn.Linear(96, 64, bias=True)))
@@ -56,7 +56,7 @@ def test_transposed_linear_computes_the_same_product_and_swaps_back_exactly():
 def test_a_layout_switch_holds_both_layouts_and_swaps_pointers():
     from torch import nn
 
-    from dflash.packed import LayoutSwitch, TransposedLinear, layout_of
+    from dflash.models.packed import LayoutSwitch, TransposedLinear, layout_of
 
     torch.manual_seed(2)
     block = nn.Sequential(nn.Linear(32, 48, bias=False), nn.GELU(), nn.Sequential(nn.Linear(48, 32)))
@@ -81,9 +81,9 @@ def test_a_layout_switch_holds_both_layouts_and_swaps_pointers():
 def test_a_target_in_the_transposed_layout_keeps_greedy_dflash_lossless():
     """The layout the host probe may choose changes how the decoder multiplies, not what the engine commits:
     greedy DFlash output still equals the no-draft output token for token (float32)."""
-    from dflash.engine import Engine
-    from dflash.request import Request
-    from dflash.target import Target
+    from dflash.decode.engine import Engine
+    from dflash.decode.request import Request
+    from dflash.models.target import Target
     from conftest import tiny_draft, tiny_target
 
     base = tiny_target("llama", seed=3)
@@ -101,7 +101,7 @@ def test_a_target_in_the_transposed_layout_keeps_greedy_dflash_lossless():
 def test_float32_matmuls_compute_the_bfloat16_weights_in_float32_and_put_the_layers_back(layout):
     from torch import nn
 
-    from dflash.packed import Float32Matmul, float32_matmuls, set_layout
+    from dflash.models.packed import Float32Matmul, float32_matmuls, set_layout
 
     torch.manual_seed(2)
     block = nn.Sequential(nn.Linear(64, 96, bias=True), nn.ReLU(), nn.Sequential(nn.Linear(96, 64, bias=False)))

@@ -1,5 +1,5 @@
-"""dflash.probe: how the host probe times candidates on a real (tiny) model, scores them and drops the ones that
-cannot win; dflash.host (tests/test_host.py) caches what it finds."""
+"""dflash.loading.probe: how the host probe times candidates on a real (tiny) model, scores them and drops the ones that
+cannot win; dflash.loading.host (tests/test_host.py) caches what it finds."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import tiny_target
 
-from dflash import probe
+from dflash.loading import probe
 
 
 def test_the_score_is_expected_ms_per_token_at_the_cheaper_of_a_pair_and_the_block():
@@ -97,7 +97,7 @@ def test_fewer_threads_are_not_timed_at_a_block_the_leader_timed_far_behind_its_
 
 def test_every_dtype_times_on_a_drawn_context_of_its_own_dtype_without_a_prefill(monkeypatch):
     model = tiny_target("llama", seed=0).model
-    from dflash.target import Target
+    from dflash.models.target import Target
 
     forwards, real = [], Target.forward
     monkeypatch.setattr(Target, "forward", lambda self, ids, *a, **k: (forwards.append(ids.shape), real(self, ids, *a, **k))[1])

@@ -10,9 +10,9 @@ import math
 import pytest
 
 from conftest import tiny_draft, tiny_target
-from dflash.engine import Engine
+from dflash.decode.engine import Engine
 from dflash.errors import ValidationError
-from dflash.request import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_PROMPT_TOKENS, MAX_SEED, Request
+from dflash.decode.request import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_PROMPT_TOKENS, MAX_SEED, Request
 
 NAN, INF = float("nan"), float("inf")
 OK = dict(prompt_ids=(1, 2, 3))
@@ -272,7 +272,7 @@ def test_a_prompt_that_tokenizes_to_nothing_is_refused(tmp_path):
     'generation failed (TypeError)')."""
     from transformers import AutoTokenizer
 
-    from dflash.target import Target
+    from dflash.models.target import Target
 
     target = tiny_target("qwen3")
     target.model.config.save_pretrained(tmp_path)

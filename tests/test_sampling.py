@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from device_check import CopiesToDevice, SimulatedDevice
-from dflash.sampling import (_GAMMA, _MASK64, GUMBEL_DRAFT, GUMBEL_TARGET, UNIFORM_ACCEPT, _splitmix64, filter_logits,
+from dflash.verification.sampling import (_GAMMA, _MASK64, GUMBEL_DRAFT, GUMBEL_TARGET, UNIFORM_ACCEPT, _splitmix64, filter_logits,
                              gumbel_noise, position_seed, sample_with_noise, target_probs, uniform_noise)
 
 NEG = float("-inf")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dflash import events as ev
-from dflash.stats import compute_stats, speedup
+from dflash.decode import events as ev
+from dflash.decode.stats import compute_stats, speedup
 
 
 def verify(block: int, size: int, accepted: int, draft_ms: float, verify_ms: float, relaxed: int = 0) -> ev.Verify:
@@ -96,7 +96,7 @@ def test_speedup():
 
 
 def test_first_difference_is_the_one_definition_of_identical():
-    from dflash.stats import first_difference
+    from dflash.decode.stats import first_difference
 
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 9, 3]) == 1
@@ -110,20 +110,20 @@ def test_first_difference_is_the_one_definition_of_identical():
 @pytest.fixture
 def bf16_bound(monkeypatch):
     """A bfloat16 tie bound of 0.25 (the shipped value is measured by `profile logit-drift`)."""
-    from dflash import stats
+    from dflash.decode import stats
 
     monkeypatch.setitem(stats.TIE_BOUND, "bfloat16", 0.25)
 
 
 def test_identical_outputs_have_no_diagnosis():
-    from dflash.stats import diagnose_difference
+    from dflash.decode.stats import diagnose_difference
 
     assert diagnose_difference([1, 2, 3], [0.5, 0.1, 0.2], [1, 2, 3], [0.5, 0.1, 0.2], "bfloat16") is None
     assert diagnose_difference([1, 2, 3], None, [1, 2], None, "float32", cut_short=True) is None  # as first_difference
 
 
 def test_a_difference_where_both_gaps_are_within_the_bound_is_a_tie(bf16_bound):
-    from dflash.stats import diagnose_difference
+    from dflash.decode.stats import diagnose_difference
 
     d = diagnose_difference([1, 2, 3, 4], [2.0, 0.03, 1.0, 1.0], [1, 7, 8], [2.0, 0.05, 3.0], "bfloat16")
     assert d == {"position": 1, "ref_token": 2, "run_token": 7, "ref_gap": 0.03, "run_gap": 0.05, "bound": 0.25,
@@ -139,14 +139,14 @@ def test_a_difference_where_both_gaps_are_within_the_bound_is_a_tie(bf16_bound):
     ([2.0, 0.05], []),
 ])
 def test_a_difference_with_a_gap_above_the_bound_or_unknown_is_an_error(bf16_bound, ref_gaps, run_gaps):
-    from dflash.stats import diagnose_difference
+    from dflash.decode.stats import diagnose_difference
 
     d = diagnose_difference([1, 2], ref_gaps, [1, 7], run_gaps, "bfloat16")
     assert d["position"] == 1 and d["verdict"] == "error" and d["bound"] == 0.25
 
 
 def test_float32_stays_strict_and_an_unknown_dtype_has_no_bound(bf16_bound):
-    from dflash.stats import TIE_BOUND, diagnose_difference
+    from dflash.decode.stats import TIE_BOUND, diagnose_difference
 
     assert TIE_BOUND["float32"] == 0.0
     exact_tie = diagnose_difference([1, 2], [2.0, 0.0], [1, 7], [2.0, 0.0], "float32")
@@ -156,7 +156,7 @@ def test_float32_stays_strict_and_an_unknown_dtype_has_no_bound(bf16_bound):
 
 
 def test_a_difference_in_length_only_is_an_error(bf16_bound):
-    from dflash.stats import diagnose_difference
+    from dflash.decode.stats import diagnose_difference
 
     longer = diagnose_difference([1, 2], [0.01, 0.01], [1, 2, 3], [0.01, 0.01, 0.01], "bfloat16")
     assert longer == {"position": 2, "ref_token": None, "run_token": 3, "ref_gap": None, "run_gap": 0.01,
@@ -166,7 +166,7 @@ def test_a_difference_in_length_only_is_an_error(bf16_bound):
 
 
 def test_tie_bound_from_a_measured_drift_is_twice_it_rounded_up():
-    from dflash.stats import tie_bound_from
+    from dflash.decode.stats import tie_bound_from
 
     assert tie_bound_from(0.0546875) == 0.11  # 0.109375 → two significant digits, up
     assert tie_bound_from(0.07) == 0.14 and tie_bound_from(0.125) == 0.25 and tie_bound_from(3.0) == 6.0
@@ -174,7 +174,7 @@ def test_tie_bound_from_a_measured_drift_is_twice_it_rounded_up():
 
 
 def test_output_gaps_come_from_the_commits():
-    from dflash.stats import output_gaps
+    from dflash.decode.stats import output_gaps
 
     def gapped(block: int, n: int, gaps: list[float]) -> ev.Commit:
         return ev.Commit(block, [1] * n, [ev.DRAFT] * n, ["a"] * n, "a" * n, n, target_gaps=gaps)
@@ -190,8 +190,8 @@ def test_the_bfloat16_tie_bound_is_the_committed_measurement():
     import json
     from pathlib import Path
 
-    from dflash import stats
-    from dflash.stats import tie_bound_from
+    from dflash.decode import stats
+    from dflash.decode.stats import tie_bound_from
 
     rows = json.loads((Path(__file__).parents[1] / "results" / "numerics" / "logit-drift.json").read_text())["result"]
     bf16 = next(r for r in rows if r["dtype"] == "bfloat16")

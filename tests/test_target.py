@@ -1,4 +1,4 @@
-"""dflash.target: the Target's split forward (decoder, then the LM head through PackedLinear) gives the model's own
+"""dflash.models.target: the Target's split forward (decoder, then the LM head through PackedLinear) gives the model's own
 logits, for every row and for the last one only."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 from conftest import tiny_target
 
-from dflash.target import Target
+from dflash.models.target import Target
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -43,7 +43,7 @@ def test_features_are_transformers_hidden_states_the_last_layer_after_the_final_
 def test_long_forwards_of_a_low_precision_target_run_their_matmuls_in_float32():
     """float32_from_rows (set from the host probe): a forward of at least that many tokens (a prefill) runs the
     decoder's linear layers as Float32Matmul; shorter ones (a verify) and float32 targets never do."""
-    from dflash.packed import Float32Matmul
+    from dflash.models.packed import Float32Matmul
 
     model = tiny_target("llama", seed=0).model
     seen = []

@@ -1,4 +1,4 @@
-"""The cached float32 copy of the GGUF target (dflash.target_cache): verified by the size and sha256 recorded when it
+"""The cached float32 copy of the GGUF target (dflash.models.target_cache): verified by the size and sha256 recorded when it
 was written, made again with a message when damaged, and a cache folder that cannot be written named before the
 conversion starts."""
 
@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from dflash import target_cache
-from dflash.registry import SMOLLM2_GGUF
+from dflash.models import target_cache
+from dflash.loading.registry import SMOLLM2_GGUF
 from tests.cli_support import assert_option_error
 
 ROOT = Path(__file__).resolve().parent.parent

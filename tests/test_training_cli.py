@@ -243,7 +243,7 @@ def test_data_and_eval_help_show_every_options_meaning_and_default(stage):
 def test_a_draft_directory_that_is_no_draft_and_a_block_above_the_drafts_are_refused_before_the_target_loads(data_dir, tmp_path,
                                                                                                               train):
     from conftest import tiny_draft, tiny_target
-    from dflash.draft import save_draft
+    from dflash.models.draft import save_draft
 
     save_draft(tiny_draft(tiny_target(), block_size=4), tmp_path / "draft")
     assert_option_error(train("eval", "--draft", str(tmp_path / "draft"), "--block-size", "64"), "--block-size")
@@ -306,7 +306,7 @@ def test_eval_takes_prompt_ids_rows_as_they_are(tmp_path):
 
 
 def shipped_draft() -> Path:
-    from dflash.registry import DEFAULT_DRAFT_DIR
+    from dflash.loading.registry import DEFAULT_DRAFT_DIR
 
     if not (DEFAULT_DRAFT_DIR / "model.safetensors").is_file():
         pytest.skip("no trained draft installed")

@@ -3,9 +3,9 @@
 import pytest
 
 from conftest import tiny_draft, tiny_target
-from dflash.engine import Engine
-from dflash.events import Verify
-from dflash.request import Request
+from dflash.decode.engine import Engine
+from dflash.decode.events import Verify
+from dflash.decode.request import Request
 from dflash.training.copy_gap import block_rows, copy_candidate, copy_gap, copy_match, markdown_table, summarize
 from engine_helpers import OracleDrafter, ScriptedDrafter, with_drafter
 

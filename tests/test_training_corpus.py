@@ -62,7 +62,7 @@ def test_windowed_sort_keeps_every_row_and_sorts_each_window():
 
 
 def test_conversation_turns_keep_the_history_and_stop_at_a_broken_turn():
-    from dflash.datasets import conversation_turns
+    from dflash.loading.datasets import conversation_turns
 
     conv = {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello!"},
                               {"from": "human", "value": "2+2?"}, {"from": "gpt", "value": "4"},

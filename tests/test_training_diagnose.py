@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from dflash.cli import main
-from dflash.drafter import Drafter
-from dflash.load import load_target_model
-from dflash.target import Target
+from dflash.decode.drafter import Drafter
+from dflash.loading.load import load_target_model
+from dflash.models.target import Target
 from dflash.training.corpus import Corpus
 from dflash.training.diagnose import DiagnoseConfig, DraftSlots, baseline_rows, run_diagnose, slot_accuracy
 from dflash.training.fit import Trainer
@@ -59,7 +59,7 @@ def test_baselines_match_a_brute_force_count(fitted):
 def test_the_draft_slots_are_what_the_engines_drafter_proposes(fitted):
     """DraftSlots reads the stored features; the drafter is fed the same features as a context: same proposals."""
     data_dir, out = fitted
-    from dflash.draft import load_draft
+    from dflash.models.draft import load_draft
 
     draft, vocab = load_draft(out)
     model, tok = load_target_model(str(data_dir / "target"))

@@ -5,9 +5,9 @@ import statistics
 import pytest
 
 from conftest import tiny_draft, tiny_target
-from dflash.engine import Engine
-from dflash.events import Verify
-from dflash.request import Request
+from dflash.decode.engine import Engine
+from dflash.decode.events import Verify
+from dflash.decode.request import Request
 from dflash.training.evaluate import evaluate_draft, summarize
 from engine_helpers import OracleDrafter, with_drafter
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from conftest import tiny_target
-from dflash.draft import load_draft
-from dflash.engine import Engine
-from dflash.request import Request
+from dflash.models.draft import load_draft
+from dflash.decode.engine import Engine
+from dflash.decode.request import Request
 from dflash.training.data import load_shards
 from dflash.training.fit import FitConfig, Trainer
 from tests.cli_support import interruptible
@@ -306,7 +306,7 @@ def test_a_kill_while_a_snapshot_is_written_leaves_it_to_the_resumed_run(data_di
 
 
 def test_an_out_holding_a_draft_fit_did_not_make_is_refused(data_dir, tmp_path):
-    from dflash.draft import save_draft
+    from dflash.models.draft import save_draft
 
     tr = Trainer(cfg(data_dir, tmp_path / "run", steps=2))
     save_draft(tr.draft, tmp_path / "shipped")  # a draft directory (downloaded, exported): no training config
@@ -401,7 +401,7 @@ def test_ctrl_c_checkpoints_the_interrupted_step_and_the_resume_is_exact(data_di
 def test_copy_weight_zero_trains_only_the_blocks_the_copy_first_chain_drafts(data_dir, tmp_path):
     from dataclasses import replace
 
-    from dflash.lookup import find
+    from dflash.decode.lookup import find
     from dflash.training.objective import sample_anchors
 
     every = Trainer(replace(cfg(data_dir, tmp_path / "a", 2), copy_ngram=1, anchors_per_seq=64))

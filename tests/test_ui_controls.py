@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dflash.errors import BusyError, ValidationError
-from dflash.request import Request
+from dflash.decode.request import Request
 from ui import text
 from ui.controls import FIELDS, WHOLE, user_message, whole
 from ui.handlers import CONTROL_KEYS

@@ -14,10 +14,10 @@ import weakref
 import pytest
 import torch
 
-from dflash.engine import Engine
+from dflash.decode.engine import Engine
 from dflash.errors import BusyError, ModelLoadError, ValidationError
-from dflash.registry import DEFAULT_DRAFT_DIR, PRESETS, draft_block_size
-from dflash.request import Request
+from dflash.loading.registry import DEFAULT_DRAFT_DIR, PRESETS, draft_block_size
+from dflash.decode.request import Request
 from tests.ui_support import tiny_text_engine
 from ui import build_demo, gpu
 from ui.engines import PRESETS_ENV, EngineProvider, offered_presets
@@ -251,7 +251,7 @@ def test_a_swap_in_the_gpu_workers_provider_frees_the_old_engine():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_swap_gives_the_old_engines_cuda_memory_back():
     """On CUDA the swapped-out weights leave the allocator's cache too (torch.cuda.empty_cache after the drop)."""
-    from dflash.target import Target
+    from dflash.models.target import Target
     from tests.conftest import tiny_draft, tiny_target
 
     def loader(name: str):

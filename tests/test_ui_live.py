@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash import events as ev
+from dflash.decode import events as ev
 from tests.ui_support import recorded_runs
 from ui import render
 from ui.live import FrameThrottle, final_status, live_status
@@ -62,7 +62,7 @@ def test_status_lines_follow_the_run(runs):
 def test_the_hardware_line_shows_the_host_settings_and_ends_with_the_dtype():
     import torch
 
-    from dflash.host import HostSettings
+    from dflash.loading.host import HostSettings
     from tests.ui_support import tiny_text_engine
     from ui.live import dtype_of, hardware
 
@@ -137,7 +137,7 @@ def test_frames_are_timed_from_building_until_the_consumer_asks_again(runs):
 def test_a_one_token_run_shows_no_undefined_rate():
     """One token comes from the prompt's own forward: no verify step (τ undefined) and no token after the first (no
     decode speed). The status line and the statistics say "1 token" and show neither rate as 0."""
-    from dflash.request import Request
+    from dflash.decode.request import Request
     from tests.ui_support import PROMPT, tiny_text_engine
     from ui.render_stats import stats_html
 

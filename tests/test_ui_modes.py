@@ -10,10 +10,10 @@ import pytest
 import torch
 from gradio_client import Client
 
-from dflash.engine import Engine
-from dflash.host import HostSettings
-from dflash.request import DEFAULT_MIN_BLOCK, DEFAULTS
-from dflash.target import Target
+from dflash.decode.engine import Engine
+from dflash.loading.host import HostSettings
+from dflash.decode.request import DEFAULT_MIN_BLOCK, DEFAULTS
+from dflash.models.target import Target
 from tests.ui_support import PROMPT, recorded_runs, tiny_text_engine
 from ui import build_demo, launch_kwargs
 from ui.engines import EngineProvider

@@ -9,7 +9,7 @@ import math
 import plotly.graph_objects as go
 import pytest
 
-from dflash import events as ev
+from dflash.decode import events as ev
 from tests.ui_support import recorded_runs
 from ui import plots
 

@@ -11,9 +11,9 @@ import re
 
 import pytest
 
-from dflash import events as ev
-from dflash.events import event_to_dict
-from dflash.stats import compute_stats
+from dflash.decode import events as ev
+from dflash.decode.events import event_to_dict
+from dflash.decode.stats import compute_stats
 from tests.ui_support import recorded_runs
 from ui import render, render_inspector, render_stats
 from ui.replay import (Trace, TraceError, bundled_traces, dumps_trace, events_at, frame_label, frames, load_trace_file,
@@ -281,7 +281,7 @@ def test_a_comparison_takes_its_speeds_from_the_run_timed_beside_the_baseline(ru
 def test_a_difference_is_diagnosed_from_both_runs_recorded_gaps(runs):
     """The diagnosis reads the top-2 gaps the two runs recorded at the first difference; a float32 difference is
     never a tie, an unknown dtype is shown as unknown (nothing from a trace's meta reaches the page unchecked)."""
-    from dflash.stats import output_gaps
+    from dflash.decode.stats import output_gaps
 
     comp = render_stats.comparison(runs["lossy"], runs["baseline"], "float32")
     d, k = comp["diagnosis"], comp["first_diff"]
@@ -298,7 +298,7 @@ def _compared(diagnosis: dict | None, dtype: str = "bfloat16", lossy: bool = Fal
 
 
 def test_difference_words_say_tie_or_bug(runs, monkeypatch):
-    from dflash import stats
+    from dflash.decode import stats
 
     monkeypatch.setitem(stats.TIE_BOUND, "bfloat16", 0.25)
     words = render_stats.difference_words

@@ -13,8 +13,8 @@ import re
 
 import pytest
 
-from dflash import events as ev
-from dflash.stats import compute_stats
+from dflash.decode import events as ev
+from dflash.decode.stats import compute_stats
 from tests.ui_support import recorded_runs
 from ui import render, render_inspector, render_stats
 from ui.engines import EngineProvider

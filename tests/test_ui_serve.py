@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash.registry import DEFAULT_DRAFT_DIR
+from dflash.loading.registry import DEFAULT_DRAFT_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "DFLASH_AUTO_INSTALL": "0"}

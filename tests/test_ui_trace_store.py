@@ -12,8 +12,8 @@ import torch
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
-from dflash import events as ev
-from dflash.request import MAX_NEW_TOKENS, Request
+from dflash.decode import events as ev
+from dflash.decode.request import MAX_NEW_TOKENS, Request
 from tests.ui_support import PROMPT, tiny_text_engine
 from ui import build_demo, launch_kwargs
 from ui.handlers import Settings

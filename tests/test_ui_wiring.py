@@ -140,7 +140,7 @@ def test_the_block_size_and_its_range_move_together(demo, moved, typed, expected
 def test_the_sliders_span_what_the_engine_accepts(demo):
     """An error quoted the engine's range beside a slider that stopped short of it ("Denoising steps: must be an
     integer in [1, 16]" by a slider ending at 8; the n-gram's at 4 of 8)."""
-    from dflash.request import MAX_BLOCK_SIZE, MAX_NGRAM, MAX_STEPS
+    from dflash.decode.request import MAX_BLOCK_SIZE, MAX_NGRAM, MAX_STEPS
 
     ends = {c.elem_id: c.maximum for c in demo.blocks.values() if isinstance(c, gr.Slider)}
     assert (ends["steps"], ends["lookup"]) == (MAX_STEPS, MAX_NGRAM)

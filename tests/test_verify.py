@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from device_check import SimulatedDevice
-from dflash.sampling import filter_logits, gumbel_noise, target_probs
-from dflash.verify import (NO_GAP, match_verify, match_verify_batched, rejection_verify, speculative_verify,
+from dflash.verification.sampling import filter_logits, gumbel_noise, target_probs
+from dflash.verification.verify import (NO_GAP, match_verify, match_verify_batched, rejection_verify, speculative_verify,
                            speculative_verify_batched, top2_gap)
 
 V = 10

@@ -1,4 +1,4 @@
-"""dflash.zerogpu: the ZeroGPU decorator; and the playground on ZeroGPU (ui/gpu.py), through its HTTP API, with the
+"""dflash.loading.zerogpu: the ZeroGPU decorator; and the playground on ZeroGPU (ui/gpu.py), through its HTTP API, with the
 `spaces` package emulated by a forked worker. The --no-deps install of the GGUF package: test_ui_space_setup.py."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from dflash import zerogpu
-from dflash.request import Request
+from dflash.loading import zerogpu
+from dflash.decode.request import Request
 from tests.test_app_api import CLIENT_HISTORY_TOKENS, args, named
 from tests.ui_support import tiny_text_engine
 from ui import build_demo, gpu, launch_kwargs
@@ -149,7 +149,7 @@ def build_tiny(name: str):
 @pytest.fixture(scope="module")
 def zerogpu_app(tmp_path_factory):
     """The playground on (emulated) ZeroGPU: the real GPU function of ui/gpu.py decorated by
-    dflash.zerogpu.gpu_decorator on a Space, engines loaded on first use by a loader."""
+    dflash.loading.zerogpu.gpu_decorator on a Space, engines loaded on first use by a loader."""
     spaces = ForkedSpaces()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPACE_ID", "someone/dflash-playground")

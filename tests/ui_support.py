@@ -11,8 +11,8 @@ from functools import lru_cache
 
 import torch
 
-from dflash.engine import Engine
-from dflash.target import Target
+from dflash.decode.engine import Engine
+from dflash.models.target import Target
 from tests.conftest import VOCAB, tiny_draft, tiny_target
 
 
@@ -61,7 +61,7 @@ def recorded_runs() -> dict[str, list]:
     - copy: the random tiny draft, copying from the context first (lookup_ngram=1: copied and drafted blocks).
     The draft runs before `copy` run the draft alone (lookup_ngram=0), as the paper does."""
     from tests.engine_helpers import with_drafter
-    from dflash.request import Request
+    from dflash.decode.request import Request
 
     torch.set_num_threads(1)
     engine = tiny_text_engine(block_size=8)

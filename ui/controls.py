@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from dflash.errors import ValidationError
-from dflash.request import MAX_SEED
+from dflash.decode.request import MAX_SEED
 from . import text
 
 # The Request field each control sets (make_request); the controls whose values are whole numbers.

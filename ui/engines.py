@@ -31,10 +31,10 @@ from typing import Any
 
 import torch
 
-from dflash.engine import Engine
+from dflash.decode.engine import Engine
 from dflash.errors import BusyError, ModelLoadError, ValidationError
-from dflash.registry import PRESETS, draft_block_size, get_preset
-from dflash.request import Request
+from dflash.loading.registry import PRESETS, draft_block_size, get_preset
+from dflash.decode.request import Request
 from . import torch_thread
 from .text import NO_DRAFT_NOTICE, draft_folder, draft_notice, local_draft_notice
 
@@ -67,7 +67,7 @@ def load_preset(name: str, default_draft: str | None = None, **fixed: Any) -> tu
     default_draft: the operator's draft directory for the default target (`dflash-playground --draft`), instead of
     the shipped one; it must exist (no fallback: the operator asked for that draft). fixed: load_engine's dtype and
     threads, for the numerics switch's second engine (`EngineProvider.engine`)."""
-    from dflash.load import default_draft_available, load_engine
+    from dflash.loading.load import default_draft_available, load_engine
 
     preset = get_preset(name)
     if preset.gpu_recommended and not torch.cuda.is_available():
@@ -92,7 +92,7 @@ def offered_dtypes(engine: Engine) -> list[str]:
     """The numerics a visitor may choose for `engine`: on a CPU whose settings were chosen for the host, float32
     (exact) always and bfloat16 (fast) where the host chose it or computes it natively (avx512_bf16 / amx_bf16:
     emulated bfloat16 is slower than float32, so not worth offering); elsewhere only the engine's own."""
-    from dflash.host import cpu_flags
+    from dflash.loading.host import cpu_flags
 
     own = dtype_name(engine)
     if engine.host is None:

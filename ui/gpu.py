@@ -16,9 +16,9 @@ import itertools
 import weakref
 from collections.abc import Iterator
 
-from dflash.engine import Engine
-from dflash.request import Request
-from dflash.zerogpu import duration_for, gpu_decorator
+from dflash.decode.engine import Engine
+from dflash.decode.request import Request
+from dflash.loading.zerogpu import duration_for, gpu_decorator
 from .engines import EngineProvider
 
 _PROVIDERS: weakref.WeakValueDictionary[int, EngineProvider] = weakref.WeakValueDictionary()

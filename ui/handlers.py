@@ -22,11 +22,11 @@ from typing import Any
 
 import gradio as gr
 
-from dflash import events as ev
-from dflash.engine import Engine
+from dflash.decode import events as ev
+from dflash.decode.engine import Engine
 from dflash.errors import DFlashError, ValidationError
-from dflash.request import DEFAULTS, Request
-from dflash.zerogpu import zero_gpu
+from dflash.decode.request import DEFAULTS, Request
+from dflash.loading.zerogpu import zero_gpu
 from . import gpu, plots, render, text, torch_thread
 from .controls import CHECKBOXES, FIELDS, WHOLE, in_step_mode, shown_rejected, whole
 from .engines import EngineProvider, dtype_name, wait_until_free

@@ -14,10 +14,10 @@ from typing import Any
 
 import gradio as gr
 
-from dflash.adaptive import POLICIES
-from dflash.engine import Engine
-from dflash.registry import ASSETS
-from dflash.request import MAX_BLOCK_SIZE, MAX_NGRAM, MAX_PROMPT_CHARS, MAX_STEPS
+from dflash.decode.adaptive import POLICIES
+from dflash.decode.engine import Engine
+from dflash.loading.registry import ASSETS
+from dflash.decode.request import MAX_BLOCK_SIZE, MAX_NGRAM, MAX_PROMPT_CHARS, MAX_STEPS
 from . import text
 from .engines import EngineProvider, Loader
 from .exports import HISTORY_COLUMNS, history_table

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from dflash import events as ev
+from dflash.decode import events as ev
 from . import render
 
 
@@ -27,7 +27,7 @@ class RunLook:
 
 def hardware(engine) -> str:
     """'model · where · dtype': where it runs and, on a CPU, the settings chosen for the host with the probe's
-    numbers (dflash.host). The dtype comes last: a loaded trace's comparison reads it back (`dtype_of`)."""
+    numbers (dflash.loading.host). The dtype comes last: a loaded trace's comparison reads it back (`dtype_of`)."""
     t = engine.target
     if t.device.type == "cuda":
         where = torch.cuda.get_device_name(t.device)

@@ -1,5 +1,5 @@
 """The playground's two modes, one click each: "Paper method" (the draft alone, its trained block, fixed, one denoising
-pass) and "Fastest here" (the library's own defaults, read from `dflash.request.DEFAULTS`, so this follows whatever
+pass) and "Fastest here" (the library's own defaults, read from `dflash.decode.request.DEFAULTS`, so this follows whatever
 the CLI and the API run). Both keep the host's default numerics. A control moved away from its mode's value makes
 the mode "custom"; the note under the switch names what each mode sets and what was changed."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dflash.request import DEFAULT_MIN_BLOCK, DEFAULTS
+from dflash.decode.request import DEFAULT_MIN_BLOCK, DEFAULTS
 from . import text
 
 PAPER, FASTEST, CUSTOM = "Paper method", "Fastest here", "custom"

@@ -19,7 +19,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from dflash import events as ev
+from dflash.decode import events as ev
 from .render import BLUE, GREEN, GREY, ORANGE, VERMILLION, run_stats
 from .run_state import RunState, as_state
 

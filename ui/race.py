@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from dflash import events as ev
+from dflash.decode import events as ev
 from .render import attr, count, run_stats, show_text
 
 LABEL = ("Measured one after the other on this machine (so the two runs did not share its cores), then played back "

@@ -1,7 +1,7 @@
 """Pure render functions: engine events → HTML for the token stream (the block inspector and the statistics
 panel are in render_inspector.py and render_stats.py), plus the event helpers they share.
 
-Nothing here touches a model or Gradio: every function takes a list of `dflash.events` objects (a live run or
+Nothing here touches a model or Gradio: every function takes a list of `dflash.decode.events` objects (a live run or
 a loaded trace, possibly cut at a replay frame) or the RunState they fold into (ui/run_state.py), and returns a
 string, so a trace replays exactly as it ran. Every value from the events is escaped on its way into HTML.
 Colours are Okabe-Ito (colour-blind safe) and every state also has a non-colour cue (underline style, strike-
@@ -14,8 +14,8 @@ import html
 import re
 from typing import Any
 
-from dflash import events as ev
-from dflash.stats import compute_stats
+from dflash.decode import events as ev
+from dflash.decode.stats import compute_stats
 from .run_state import BlockInfo, RunState, as_state
 
 # Okabe-Ito colours, also used by ui/plots.py.

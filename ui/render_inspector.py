@@ -6,7 +6,7 @@ Cells show the draft's token and confidence (shading) or MASK (hatched), the pos
 
 from __future__ import annotations
 
-from dflash import events as ev
+from dflash.decode import events as ev
 from .render import BlockInfo, attr, count, plural, quoted, show_text
 from .run_state import RunState, as_state
 
@@ -35,7 +35,7 @@ def block_summary(info: BlockInfo) -> str:
         verdict = (f"{a} of {drafted} {what} accepted; rejected at position {a + 1} "
                    f"({who} {quoted(v.draft_texts[a])}, target {quoted(v.target_texts[a])})")
     # The run can end inside the block (EOS, a stop id, max new tokens): the tokens verified past its end are not
-    # output (τ still counts them, as the acceptance length of the step; dflash/stats.py).
+    # output (τ still counts them, as the acceptance length of the step; dflash/decode/stats.py).
     kept = len(info.commit.token_ids) if info.commit is not None else a + 1
     ending = "" if kept >= a + 1 else f" verified; the answer ended after {kept} of them"
     return f"Block {info.block}: {verdict} → {count(a + 1, 'token')}{ending}."

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dflash import events as ev
-from dflash.stats import TIE_BOUND, diagnose_difference, output_gaps
-from dflash.stats import difference_words as stats_difference_words  # the playground's own adds the lossy case
+from dflash.decode import events as ev
+from dflash.decode.stats import TIE_BOUND, diagnose_difference, output_gaps
+from dflash.decode.stats import difference_words as stats_difference_words  # the playground's own adds the lossy case
 from .render import above, attr, count, finished, run_stats
 from .run_state import RunState, as_state
 
@@ -30,7 +30,7 @@ def comparison(run_events: list, base_events: list, dtype: str = "", timed: list
 
 
 def difference_words(comp: dict) -> str:
-    """Why the outputs differ at `comp["first_diff"]`, in words (`dflash.stats.difference_words`; a lossy run's
+    """Why the outputs differ at `comp["first_diff"]`, in words (`dflash.decode.stats.difference_words`; a lossy run's
     difference is expected)."""
     if comp["lossy"]:
         return "expected, the run is lossy (acceptance threshold below 1)"

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflash import events as ev
-from dflash.events import event_to_dict
-from dflash.registry import ASSETS
-from dflash.request import DEFAULT_MIN_BLOCK, DEFAULTS
+from dflash.decode import events as ev
+from dflash.decode.events import event_to_dict
+from dflash.loading.registry import ASSETS
+from dflash.decode.request import DEFAULT_MIN_BLOCK, DEFAULTS
 from .controls import FIELDS
 from .render import count, run_stats, token_class
 from .run_state import RunState

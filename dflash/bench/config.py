@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dflash.errors import ValidationError
-from dflash.request import CHAIN_NGRAM, MAX_NGRAM, Request
+from dflash.decode.request import CHAIN_NGRAM, MAX_NGRAM, Request
 
 METHODS = ("ar", "dflash", "dflash-lookup", "hf-generate", "hf-prompt-lookup")
 DRAFT_METHODS = ("dflash", "dflash-lookup")  # the methods that need the draft

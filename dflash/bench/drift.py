@@ -4,7 +4,7 @@ In bfloat16 a forward over b tokens rounds differently from b forwards of one to
 differ from the no-draft output where the target's top-2 logits are nearly tied. This measures by how much: for
 each prompt, the no-draft engine's greedy output is teacher-forced through the target one token per forward (the
 no-draft step) and `block` tokens per forward (a verify), and the two sets of logits for the same positions are
-compared. The tie bounds of `dflash.stats.TIE_BOUND` are set from it (`stats.tie_bound_from`: 2 × the largest
+compared. The tie bounds of `dflash.decode.stats.TIE_BOUND` are set from it (`stats.tie_bound_from`: 2 × the largest
 per-logit difference, rounded up).
 
     python -m dflash.bench.profile logit-drift --dtypes float32,bfloat16 --prompts mt-bench --limit 4
@@ -18,10 +18,10 @@ import copy
 import torch
 
 from dflash.errors import ValidationError
-from dflash.request import MAX_BLOCK_SIZE, Request
-from dflash.stats import tie_bound_from
-from dflash.target import Target
-from dflash.verify import top2_gap
+from dflash.decode.request import MAX_BLOCK_SIZE, Request
+from dflash.decode.stats import tie_bound_from
+from dflash.models.target import Target
+from dflash.verification.verify import top2_gap
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -94,7 +94,7 @@ def measure_drift(model, tokenizer, device: torch.device, dtypes: list[str], pro
                   max_new_tokens: int, block: int) -> list[dict]:
     """One row per dtype (a copy of `model` cast to it): the drift over the first `limit` prompts of `prompts`."""
     from dflash.bench.runner import prepare_prompts
-    from dflash.engine import Engine
+    from dflash.decode.engine import Engine
 
     check_options(dtypes, limit, max_new_tokens, block)
     rows, items = [], None
@@ -115,8 +115,8 @@ def measure_drift(model, tokenizer, device: torch.device, dtypes: list[str], pro
 
 def logit_drift(args) -> list[dict]:
     """`profile logit-drift`: the target of --target / --preset on --device."""
-    from dflash.load import load_target_model, pick_device
-    from dflash.registry import get_preset
+    from dflash.loading.load import load_target_model, pick_device
+    from dflash.loading.registry import get_preset
 
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     check_options(dtypes, args.limit, args.max_new_tokens, args.block)  # before the load

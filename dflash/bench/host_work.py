@@ -6,7 +6,7 @@ depend on depth) and a random one-layer draft sample `--max-new-tokens` tokens (
 noise is drawn every block; fixed blocks of `--block`) under torch.profiler. Per verified block it counts the
 host→device and device→host copies (and their device time) and the host's synchronising CUDA calls, and times a
 block without the profiler. Beside that, the block's noise [block + 1, V] both ways, synchronised, median of
-`--reps`: drawn on the device from the seed (what the engine does, `dflash.sampling.gumbel_noise`) and drawn on
+`--reps`: drawn on the device from the seed (what the engine does, `dflash.verification.sampling.gumbel_noise`) and drawn on
 the CPU and copied over (what it did before the noise moved to the device).
 
     python -m dflash.bench.profile host-work --device cuda --vocabs 49152,151936 [--layers 4] [--block 16]
@@ -24,8 +24,8 @@ import time
 import torch
 
 from dflash.errors import ValidationError
-from dflash.sampling import GUMBEL_TARGET, gumbel_noise
-from dflash.verify_dispatch import median_us, sync
+from dflash.verification.sampling import GUMBEL_TARGET, gumbel_noise
+from dflash.verification.verify_dispatch import median_us, sync
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 
@@ -57,9 +57,9 @@ def smollm2_shaped(vocab: int = 49152, layers: int = 30):
 
 def _engine(vocab: int, layers: int, block: int, device: torch.device):
     """An engine over random weights: SmolLM2-135M's width, `layers` deep, `vocab` entries; a 1-layer draft."""
-    from dflash.draft import DFlashDraftModel, DraftConfig
-    from dflash.engine import Engine
-    from dflash.target import Target
+    from dflash.models.draft import DFlashDraftModel, DraftConfig
+    from dflash.decode.engine import Engine
+    from dflash.models.target import Target
 
     model = smollm2_shaped(vocab, layers)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -85,7 +85,7 @@ def _traffic(prof, blocks: int) -> dict:
 def _one_vocab(vocab: int, args, device: torch.device) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    from dflash.request import Request
+    from dflash.decode.request import Request
 
     engine = _engine(vocab, args.layers, args.block, device)
     req = Request(prompt_ids=tuple(range(1, 33)), max_new_tokens=args.max_new_tokens, temperature=0.7, seed=0,

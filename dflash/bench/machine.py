@@ -20,7 +20,7 @@ import time
 import psutil
 import torch
 
-from dflash.host import SIMD_FLAGS, cpu_flags, cpu_model  # noqa: F401 — re-exported: one definition, in dflash.host
+from dflash.loading.host import SIMD_FLAGS, cpu_flags, cpu_model  # noqa: F401 — re-exported: one definition, in dflash.loading.host
 
 _MB = 1024 * 1024
 

@@ -2,10 +2,10 @@
 
     python -m dflash.bench.profile forward [--dtypes float32,bfloat16] [--tokens 1,16] [--context 256] [--reps 10]
         cost of one cached target forward over T tokens per dtype; for T > 1 also with the LM head through plain
-        MKL (`F.linear`) instead of the oneDNN pre-packed copy (dflash.packed.PackedLinear), interleaved.
+        MKL (`F.linear`) instead of the oneDNN pre-packed copy (dflash.models.packed.PackedLinear), interleaved.
     python -m dflash.bench.profile prefill [--tokens 64,256,1024] [--reps 2]
-        a prompt's prefill as the engine runs it (chunks of dflash.engine.PREFILL_CHUNK, the last position's logits)
-        in float32, in bfloat16, and in bfloat16 with the decoder's matmuls in float32 (dflash.packed.Float32Matmul),
+        a prompt's prefill as the engine runs it (chunks of dflash.decode.engine.PREFILL_CHUNK, the last position's logits)
+        in float32, in bfloat16, and in bfloat16 with the decoder's matmuls in float32 (dflash.models.packed.Float32Matmul),
         interleaved: what the host probe's float32_from_rows decides between.
     python -m dflash.bench.profile ops [--no-draft | --random-draft 2] [--max-new-tokens 32]
         torch.profiler over one generation: top operators, and decode time split into draft / verify / the rest.
@@ -18,7 +18,7 @@
     python -m dflash.bench.profile logit-drift [--dtypes float32,bfloat16] [--prompts mt-bench] [--limit 4]
             [--max-new-tokens 48] [--block 8] [--device cuda]
         the logits of a `--block`-token verify vs the one-token step on the no-draft greedy output, per dtype:
-        what the tie bounds of dflash.stats.TIE_BOUND are set from (dflash.bench.drift).
+        what the tie bounds of dflash.decode.stats.TIE_BOUND are set from (dflash.bench.drift).
     python -m dflash.bench.profile settings [--method ar|dflash] [--prompts mt-bench] [--limit 8] [--max-new-tokens 64]
         `ar` in the default (host-probed) settings vs `hf-generate` in the same settings and `ar` in every fixed
         dtype × threads × layout, interleaved (dflash.bench.settings); `--method dflash`: DFlash in each.
@@ -50,11 +50,11 @@ def _median_min(values: list[float]) -> tuple[float, float]:
 
 
 def forward_costs(args) -> list[dict]:
-    """One cached forward of each size, per dtype, decoder layout (dflash.packed) and LM-head path, interleaved."""
-    from dflash.load import load_target_model
-    from dflash.packed import set_layout
-    from dflash.registry import get_preset
-    from dflash.target import Target
+    """One cached forward of each size, per dtype, decoder layout (dflash.models.packed) and LM-head path, interleaved."""
+    from dflash.loading.load import load_target_model
+    from dflash.models.packed import set_layout
+    from dflash.loading.registry import get_preset
+    from dflash.models.target import Target
 
     source = args.target or get_preset(args.preset).target
     model, tok = load_target_model(source)
@@ -100,10 +100,10 @@ def prefill_costs(args) -> list[dict]:
     """The engine's prefill of prompts of each length in each of PREFILL_WAYS, interleaved; reps after a warm-up."""
     import copy
 
-    from dflash.engine import Engine
-    from dflash.load import load_target_model
-    from dflash.registry import get_preset
-    from dflash.target import Target
+    from dflash.decode.engine import Engine
+    from dflash.loading.load import load_target_model
+    from dflash.loading.registry import get_preset
+    from dflash.models.target import Target
 
     model, tok = load_target_model(args.target or get_preset(args.preset).target)
     half = copy.deepcopy(model)  # both bfloat16 ways share one copy of the weights
@@ -128,8 +128,8 @@ def gemm_costs(args) -> list[dict]:
     import torch.nn.functional as F
     from torch import nn
 
-    from dflash.load import load_target_model
-    from dflash.registry import get_preset
+    from dflash.loading.load import load_target_model
+    from dflash.loading.registry import get_preset
 
     model, _ = load_target_model(args.target or get_preset(args.preset).target)
     weights = [m.weight.detach().float().contiguous() for m in model.model.layers.modules() if isinstance(m, nn.Linear)]
@@ -168,7 +168,7 @@ def gemm_costs(args) -> list[dict]:
 def op_profile(args) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    from dflash.request import Request
+    from dflash.decode.request import Request
 
     engine = _engine(args)
     use_draft = engine.draft is not None
@@ -191,7 +191,7 @@ def op_profile(args) -> dict:
 
 def head_ab(args) -> dict:
     from dflash.bench.runner import prepare_prompts
-    from dflash.request import Request
+    from dflash.decode.request import Request
 
     engine = _engine(args)
     if engine.draft is None:
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--tokens", default="1,16")
     f.add_argument("--context", type=int, default=256)
     f.add_argument("--reps", type=int, default=10)
-    f.add_argument("--layouts", default="linear,transposed", help="decoder weight layouts (dflash.packed.set_layout)")
+    f.add_argument("--layouts", default="linear,transposed", help="decoder weight layouts (dflash.models.packed.set_layout)")
     pf = sub.add_parser("prefill")
     pf.add_argument("--tokens", default="64,256,1024")
     pf.add_argument("--reps", type=int, default=2)

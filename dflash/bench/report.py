@@ -1,7 +1,7 @@
 """Summaries (pure functions of the recorded runs), the Markdown table, and atomic writes of both files.
 
 Speedup = baseline decode time / method decode time on the same prompts, measured in the
-same process with interleaved runs (`dflash.stats.speedup`: ratio of the totals, plus the spread of per-prompt
+same process with interleaved runs (`dflash.decode.stats.speedup`: ratio of the totals, plus the spread of per-prompt
 ratios). Each prompt's time is the median over its repeats; the spread over repeats is the same ratio computed
 on repeat r alone, for every r.
 """
@@ -13,7 +13,7 @@ import os
 import statistics
 from pathlib import Path
 
-from dflash.stats import difference_words, speedup
+from dflash.decode.stats import difference_words, speedup
 
 
 def _median(values: list[float]) -> float:
@@ -162,7 +162,7 @@ def _fmt_identical(ident: dict) -> str:
 
 
 def why(d: dict, dtype: str) -> str:
-    """One difference of `differences` in words (`dflash.stats.difference_words`), with both runs' top-2 gaps at
+    """One difference of `differences` in words (`dflash.decode.stats.difference_words`), with both runs' top-2 gaps at
     the first differing token."""
     if d.get("verdict") == "lossy":
         n = d["drift_tokens"]

@@ -15,11 +15,11 @@ from typing import Callable
 from dflash.bench.baselines import TimedOutput, hf_generate
 from dflash.bench.config import DRAFT_METHODS, ENGINE_METHODS, BenchConfig
 from dflash.bench.machine import RssSampler, load_average
-from dflash.datasets import PromptRow, prompt_rows
-from dflash.engine import Engine
+from dflash.loading.datasets import PromptRow, prompt_rows
+from dflash.decode.engine import Engine
 from dflash.errors import ValidationError
-from dflash.request import Request
-from dflash.stats import diagnose_difference, output_gaps
+from dflash.decode.request import Request
+from dflash.decode.stats import diagnose_difference, output_gaps
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def prepare_prompts(engine: Engine, spec: str, limit: int | None = None) -> list
 
 
 def prompt_items(engine: Engine, rows: list[PromptRow]) -> list[PromptItem]:
-    """Prompt rows (checked by dflash.datasets.prompt_rows before any model loads) → prompt ids: a JSONL row's
+    """Prompt rows (checked by dflash.loading.datasets.prompt_rows before any model loads) → prompt ids: a JSONL row's
     "prompt_ids" used as they are (targets without a tokenizer), text through the chat template."""
     return [PromptItem(i, r.text, r.ids, r.line) if r.ids is not None else _text_item(engine, i, r.line, r.text)
             for i, r in enumerate(rows)]

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import torch
 
 from dflash.bench.runner import BenchConfig, PromptItem, prepare_prompts, run_method
-from dflash.engine import Engine
+from dflash.decode.engine import Engine
 from dflash.errors import ValidationError
-from dflash.host import thread_candidates
-from dflash.packed import LAYOUTS
-from dflash.target import Target
+from dflash.loading.host import thread_candidates
+from dflash.models.packed import LAYOUTS
+from dflash.models.target import Target
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DEFAULTS = ("default", "default, no draft", "default, ar", "hf-generate")  # the rows that are not fixed settings
@@ -138,7 +138,7 @@ def profile_settings(args) -> dict:
     """`profile settings`: the engine of --preset/--target in its default (probed) settings against the rest,
     running `args.method`."""
     from dflash.cli import engine_from_args
-    from dflash.load import load_target_model
+    from dflash.loading.load import load_target_model
 
     if not 1 <= args.limit <= 1000:
         raise ValidationError("limit", f"must be in [1, 1000], got {args.limit}")

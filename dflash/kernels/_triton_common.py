@@ -5,7 +5,7 @@ Top-k / top-p without sorting. A float32 value maps to a uint32 *order key* that
 significant bit (radix select, 8 passes over the row, 16 candidate thresholds per pass). The row stays in L2,
 so on a GPU the passes cost microseconds; they run only when top-k / top-p are on.
 
-Semantics mirror `dflash.sampling.filter_logits` (the specification):
+Semantics mirror `dflash.verification.sampling.filter_logits` (the specification):
 - top-k keeps every value >= the k-th largest (ties at the k-th value are all kept, as `x < kth` drops);
 - top-p, after top-k, keeps a token iff the softmax mass of the tokens *strictly* above it is < top_p (tied
   values are kept or dropped together, as there). The only difference left is where that mass is within

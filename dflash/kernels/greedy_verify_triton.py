@@ -1,6 +1,6 @@
 """Fused *match* verification (greedy, or the target's own Gumbel-max sample) over a whole block — Triton.
 
-Specification: `dflash.verify.match_verify_batched` (`dflash.verify.match_verify` per sequence).
+Specification: `dflash.verification.verify.match_verify_batched` (`dflash.verification.verify.match_verify` per sequence).
 
 One program per target row (grid = B · (n + 1)): it streams the row of logits once over the vocabulary
 (tiles of BLOCK_V) keeping a running argmax — no softmax is ever materialised — and compares the result

@@ -1,7 +1,7 @@
 """Fused lossless speculative sampling (Leviathan et al. 2023 / Chen et al. 2023) over a block — Triton.
 
-Specification: `dflash.verify.speculative_verify_batched` (`dflash.verify.rejection_verify` applied to
-`dflash.sampling.target_probs(logits, T, top_k, top_p)` per sequence).
+Specification: `dflash.verification.verify.speculative_verify_batched` (`dflash.verification.verify.rejection_verify` applied to
+`dflash.verification.sampling.target_probs(logits, T, top_k, top_p)` per sequence).
 
 One program per target row i (grid = B · (n + 1)), all rows in parallel:
 1. p = softmax(filter(logits_i / T)) defined by (max m, normaliser z, support {key >= lo}); never stored.

@@ -7,7 +7,7 @@ import logging
 from dataclasses import fields
 
 from dflash.cli import DefaultsHelp
-from dflash.registry import SMOLLM2_GGUF
+from dflash.loading.registry import SMOLLM2_GGUF
 from dflash.training.data_config import DEFAULT_LAYERS, DataConfig, TeacherForcedConfig, parse_layers
 
 

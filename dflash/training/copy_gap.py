@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from dflash.engine import Engine
-from dflash.events import Finished, Started, Verify
-from dflash.lookup import find
+from dflash.decode.engine import Engine
+from dflash.decode.events import Finished, Started, Verify
+from dflash.decode.lookup import find
 from dflash.training.evaluate import prompt_request
 
 KINDS = ("bigram", "unigram", "none")  # what the context holds for the anchor: see `copy_match`

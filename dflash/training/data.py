@@ -28,7 +28,7 @@ log = logging.getLogger("dflash.train")
 def chat_ids(tokenizer, prompt: str | list[dict]) -> list[int]:
     """A user prompt, or a whole chat history (messages), with the chat template and the assistant's header: the
     engine's own prompt rendering, so training sees exactly the prompts generation will."""
-    from dflash.target import chat_prompt_ids
+    from dflash.models.target import chat_prompt_ids
 
     return chat_prompt_ids(tokenizer, prompt)
 
@@ -37,7 +37,7 @@ class Capture:
     """Forward hooks on the chosen decoder layers and the final norm."""
 
     def __init__(self, model, layer_ids: list[int]):
-        from dflash.target import feature_module
+        from dflash.models.target import feature_module
 
         self.out: dict[str, torch.Tensor] = {}
         self.handles = [feature_module(model, j).register_forward_hook(self._hook(f"l{j}")) for j in layer_ids]
@@ -115,7 +115,7 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, stop_id
 
 def run_data(cfg: DataConfig) -> None:
     """ShareGPT training prompts (chat template applied) → shards in `cfg.out`."""
-    from dflash.datasets import sharegpt_prompts
+    from dflash.loading.datasets import sharegpt_prompts
 
     check_resume(cfg.out, cfg.settings())  # before the model loads: a refusal takes a second
     if cfg.threads:
@@ -146,7 +146,7 @@ def write_shards(model, tokenizer, target: str, prompts: list[list[int]], out_di
     `selection`: the meta.json keys of how `prompts` were chosen and ordered."""
     from safetensors.torch import save_file
 
-    from dflash.target import Target
+    from dflash.models.target import Target
 
     out = Path(out_dir)
     settings = generation_settings(target, layer_ids, batch_size, max_new_tokens, sampled_every, temperature, seed)
@@ -269,7 +269,7 @@ def run_teacher_forced(cfg: TeacherForcedConfig) -> None:
 def load_target(source: str):
     """The target model and tokenizer; one that cannot be loaded is named as the --target option."""
     from dflash.errors import ModelLoadError
-    from dflash.load import load_target_model
+    from dflash.loading.load import load_target_model
 
     try:
         return load_target_model(source)
@@ -281,7 +281,7 @@ def load_target(source: str):
 
 def recorded_rows(tokenizer, cfg: TeacherForcedConfig) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, reply ids) of the first `cfg.conversations` ShareGPT replies that fit, in file order."""
-    from dflash.datasets import sharegpt_dialogues, sharegpt_pairs
+    from dflash.loading.datasets import sharegpt_dialogues, sharegpt_pairs
 
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     rows = []

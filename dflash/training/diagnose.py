@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from dflash.errors import ValidationError
-from dflash.lookup import NgramIndex
+from dflash.decode.lookup import NgramIndex
 from dflash.training.corpus import Corpus, Sequence
 from dflash.training.objective import block_attention_mask, on_policy_prefix
 from dflash.training.probes import anchors_of, train_probe_pair
@@ -139,8 +139,8 @@ def slot_accuracy(slots: DraftSlots, heldout: list[Sequence]) -> dict:
 
 
 def run_diagnose(cfg: DiagnoseConfig) -> dict:
-    from dflash.draft import load_draft
-    from dflash.load import load_target_model
+    from dflash.models.draft import load_draft
+    from dflash.loading.load import load_target_model
     from dflash.training.fit_config import read_data_meta
 
     if cfg.threads:
@@ -160,8 +160,10 @@ def run_diagnose(cfg: DiagnoseConfig) -> dict:
     slots = DraftSlots(draft, embed, lm_head, vocab)
     result = {"config": asdict(cfg), "train_sequences": len(corpus.train), "heldout_sequences": len(corpus.heldout),
               "train_response_tokens": corpus.n_tokens(), "block_size": slots.block,
-              "baselines": baseline_rows(corpus.heldout, corpus.train, slots.block),
-              "draft": slot_accuracy(slots, corpus.heldout)}
+              "baselines": baseline_rows(corpus.heldout, corpus.train, slots.block)}
+    log.info("baselines measured (%.0f s)", time.perf_counter() - t0)
+    result["draft"] = slot_accuracy(slots, corpus.heldout)
+    log.info("the draft measured on %d held-out blocks (%.0f s)", result["draft"]["blocks"], time.perf_counter() - t0)
     result["probes"] = train_probe_pair(corpus, embed, slots.head, slots.vocab, final_norm, cfg, slots.block)
     result["seconds"] = round(time.perf_counter() - t0, 1)
     Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import statistics
 from typing import Callable, Iterable, Sequence
 
-from dflash.engine import Engine
-from dflash.request import Request
-from dflash.stats import speedup
+from dflash.decode.engine import Engine
+from dflash.decode.request import Request
+from dflash.decode.stats import speedup
 
 
 def prompt_request(prompt: str | Sequence[int], **kw) -> Request:

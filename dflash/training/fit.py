@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from dflash.draft import DFlashDraftModel, DraftConfig, load_draft, save_draft
+from dflash.models.draft import DFlashDraftModel, DraftConfig, load_draft, save_draft
 from dflash.errors import ModelLoadError, ValidationError
-from dflash.lookup import NgramIndex
+from dflash.decode.lookup import NgramIndex
 from dflash.training.corpus import Corpus, frequent_vocab
 from dflash.training.fit_checks import STATE_NAME, check_against_data, check_resume, is_resume, stored_vocab
 from dflash.training.data_config import check_run_out
@@ -52,9 +52,9 @@ def is_snapshot_step(step: int, base: int) -> bool:
 
 class Trainer:
     def __init__(self, cfg: FitConfig):
-        from dflash.registry import SMOLLM2_GGUF
-        from dflash.load import load_target_model
-        from dflash.target import Target
+        from dflash.loading.registry import SMOLLM2_GGUF
+        from dflash.loading.load import load_target_model
+        from dflash.models.target import Target
 
         metas = read_data_meta(cfg.data)
         check_run_out(cfg.out)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from dflash.draft import build_target_layer_ids, read_draft_config
+from dflash.models.draft import build_target_layer_ids, read_draft_config
 from dflash.errors import ModelLoadError, ValidationError
 from dflash.training.corpus import feature_columns, split_last_layer
 from dflash.training.fit_config import FitConfig, corpus_fingerprint, option

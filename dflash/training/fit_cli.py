@@ -65,8 +65,8 @@ def eval_prompts(args: argparse.Namespace) -> list[str | list[int]]:
     """The prompts to evaluate (text, or a JSONL row's token ids as they are), after every option error that needs
     no model (one line naming the option)."""
     from dflash.cli import check_model_args, check_output_path
-    from dflash.datasets import prompt_rows
-    from dflash.request import Request
+    from dflash.loading.datasets import prompt_rows
+    from dflash.decode.request import Request
 
     check_model_args(args)  # --draft, --threads: as every command that loads a model checks them
     if args.limit < 1:  # prompt_rows would read 0 as "all" and -5 as "all but the last 5"
@@ -86,12 +86,12 @@ def check_eval_draft(args: argparse.Namespace) -> None:
     before the target loads; a hub id is left to the loader."""
     from pathlib import Path
 
-    from dflash.registry import get_preset
+    from dflash.loading.registry import get_preset
 
     draft = args.draft or get_preset(args.preset).draft
     if not draft or not Path(draft).is_dir():
         return
-    from dflash.draft import read_draft_config
+    from dflash.models.draft import read_draft_config
 
     try:
         trained = read_draft_config(draft).block_size
@@ -110,7 +110,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from dflash.bench.machine import machine_info
-    from dflash.load import load_engine
+    from dflash.loading.load import load_engine
     from dflash.training.evaluate import evaluate_draft
 
     # float32: the exact mode, so "identical" counts outputs equal to the no-draft loop's token for token.

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash.errors import ValidationError
-from dflash.registry import MASK_TOKEN_ID
+from dflash.models.draft_check import MASK_TOKEN_ID
 from dflash.training.data_config import shard_problem
 
 

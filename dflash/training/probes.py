@@ -11,7 +11,9 @@ can hope for with these features.
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +24,8 @@ from dflash.training.objective import cosine_lr, sample_anchors
 
 ANCHORS_PER_SEQ = 64
 LR = 1e-3
+LOG_EVERY = 100  # steps between progress lines (the probes take minutes on a CPU)
+log = logging.getLogger("dflash.train")
 
 
 def anchors_of(seq: Sequence, block: int) -> torch.Tensor:
@@ -70,7 +74,7 @@ def train_probe(corpus: Corpus, embed: torch.Tensor, head: torch.Tensor, remap: 
     feat_dim, hidden = corpus.train[0].feats.shape[-1], embed.shape[-1]
     probe = SlotProbe(feat_dim, hidden, max(1, hidden // 64), lookup, final_norm)
     opt = torch.optim.AdamW(probe.parameters(), lr=LR, weight_decay=0.01)
-    gen, losses = torch.Generator().manual_seed(seed), []
+    gen, losses, t0 = torch.Generator().manual_seed(seed), [], time.perf_counter()
     for step in range(steps):
         for group in opt.param_groups:
             group["lr"] = cosine_lr(step, steps, LR)
@@ -89,6 +93,9 @@ def train_probe(corpus: Corpus, embed: torch.Tensor, head: torch.Tensor, remap: 
                 total, n = total + float(loss.detach()), n + 1
         opt.step()
         losses.append(total / max(n, 1))
+        if (step + 1) % LOG_EVERY == 0:
+            log.info("probe %s: step %d/%d loss %.3f (%.2f s/step)", "lookup" if lookup else "mlp", step + 1, steps,
+                     losses[-1], (time.perf_counter() - t0) / (step + 1))
     return probe.eval(), losses
 
 

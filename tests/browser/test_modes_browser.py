@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dflash.request import DEFAULTS
+from dflash.decode.request import DEFAULTS
 from tests.browser.test_playground_browser import browser, expect, open_page  # noqa: F401  (browser: the fixture)
 from ui.text import EXAMPLES
 

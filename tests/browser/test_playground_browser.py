@@ -239,7 +239,7 @@ def test_on_a_phone_generate_brings_the_run_into_view(app, browser):
 
 @pytest.mark.slow
 def test_short_generation_with_the_default_models(browser):
-    from dflash.registry import get_preset
+    from dflash.loading.registry import get_preset
     from ui.engines import load_preset
 
     torch.set_num_threads(2)

@@ -1,6 +1,6 @@
 """The host probe: times the real target's one-token step and verifies in every candidate CPU setting (dtype ×
 weight layout at the most threads, then fewer threads for the leader) and keeps the lowest expected ms per committed
-token. `dflash.host` caches what it finds per machine and model; this module only measures.
+token. `dflash.loading.host` caches what it finds per machine and model; this module only measures.
 
 The timings are interleaved (a slow moment of a shared machine hits every candidate alike) and the fastest of a few
 reps is kept (such moments only add time); a candidate that can no longer win is dropped mid-timing, which is what
@@ -17,8 +17,8 @@ from functools import partial
 import torch
 from torch import nn
 
-from dflash.adaptive import PRIOR_ALPHA, expected_tokens
-from dflash.packed import LAYOUTS, Float32Matmul, LayoutSwitch, TransposedLinear
+from dflash.decode.adaptive import PRIOR_ALPHA, expected_tokens
+from dflash.models.packed import LAYOUTS, Float32Matmul, LayoutSwitch, TransposedLinear
 
 PROBE_VERSION = 12  # 2: fewer threads for the leading dtype only; 3: layouts interleaved, fastest rep; 4: 64-token context;
 # 5: scored by expected ms per token (pair or block verify), slow candidates dropped after one timing; 6: dtypes
@@ -177,7 +177,7 @@ def _timing(ms: dict[int, float], sizes: list[int], block: int) -> dict:
 def _prepared(model: nn.Module, dtypes: list[str]) -> dict:
     """dtype → (Target over `model` in that dtype, its cache holding CONTEXT positions: `_context`). float32 runs on
     `model` itself, other dtypes on copies."""
-    from dflash.target import Target
+    from dflash.models.target import Target
 
     out = {}
     for dtype in dtypes:

@@ -5,7 +5,7 @@ predicts all still-masked positions and commits those whose confidence reaches t
 the most confident one; all remaining ones at the last step) — LLaDA low-confidence remasking with Fast-dLLM's
 threshold. The context K/V are computed once per block and reused across steps.
 
-`Drafter` is the draft model as a `dflash.proposer.Proposer`.
+`Drafter` is the draft model as a `dflash.decode.proposer.Proposer`.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dflash.draft import DFlashDraftModel, DraftCache
-from dflash.events import DRAFT
-from dflash.packed import PackedLinear
-from dflash.proposer import Proposal
-from dflash.sampling import GUMBEL_DRAFT, gumbel_noise, target_probs
+from dflash.models.draft import DFlashDraftModel, DraftCache
+from dflash.decode.events import DRAFT
+from dflash.models.packed import PackedLinear
+from dflash.decode.proposer import Proposal
+from dflash.verification.sampling import GUMBEL_DRAFT, gumbel_noise, target_probs
 
 
 @dataclass

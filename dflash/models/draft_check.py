@@ -8,7 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from dflash.errors import ModelLoadError, first_line
-from dflash.registry import CONFIG_NAME, WEIGHTS_NAME
+
+# A draft directory's files (the z-lab layout, and our restricted vocabulary) and our drafts' mask token.
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+VOCAB_NAME = "draft_vocab.safetensors"  # our extension: restricted draft vocabulary (FR-Spec style)
+MASK_TOKEN_ID = 16  # our drafts' mask token: SmolLM2's <empty_output>, which never occurs in a chat answer
 
 # Generous bounds (a 405B target's hidden size is 16384, its MLP 53248): a value past them is a typo or a hostile
 # file. The draft's own weights then bound every size exactly (`check_weights`).

@@ -24,7 +24,7 @@ COPY = "copy"  # a token copied from the context (Request.lookup_ngram) that the
 CORRECTION = "correction"  # the target's own token at the first rejected position
 BONUS = "bonus"  # the target's extra token after a fully accepted block (or the prefill's first token)
 TOKEN_KINDS = (DRAFT, COPY, CORRECTION, BONUS)
-# Who proposed a block: the `name` of its proposer (dflash.proposer). The shipped ones: DRAFT (the draft model, also a
+# Who proposed a block: the `name` of its proposer (dflash.decode.proposer). The shipped ones: DRAFT (the draft model, also a
 # block of one that proposed nothing) and COPY (copying from the context).
 BLOCK_SOURCES = (DRAFT, COPY)
 
@@ -122,8 +122,8 @@ class Commit:
     t_ms: float = 0.0  # time since the request started
     # Per token: the margin of the target's choice at its position, in logits (float32) — top-1 minus top-2 of
     # the logits (greedy), or of logits + T·noise (Gumbel-max sampling without top-k / top-p); see
-    # `dflash.step.MatchRule.margins`. `dflash.stats.diagnose_difference` reads it. Empty where the choice is not
-    # such an argmax (top-k / top-p, the rejection rule). `dflash.verify.NO_GAP` where there is no runner-up.
+    # `dflash.decode.step.MatchRule.margins`. `dflash.decode.stats.diagnose_difference` reads it. Empty where the choice is not
+    # such an argmax (top-k / top-p, the rejection rule). `dflash.verification.verify.NO_GAP` where there is no runner-up.
     target_gaps: list[float] = field(default_factory=list)
 
 

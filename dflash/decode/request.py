@@ -13,7 +13,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from dflash.adaptive import POLICIES
+from dflash.decode.adaptive import POLICIES
 from dflash.errors import ValidationError
 
 MAX_PROMPT_CHARS = 32_000
@@ -76,7 +76,7 @@ class Request:
     diffusion_steps: int = 1
     confidence_threshold: float = 0.9
     acceptance_threshold: float = 1.0  # < 1 is lossy (relaxed verification)
-    adaptive: str = "auto"  # block-size policy; auto: cost on a CPU, fixed on a GPU (dflash.adaptive.resolve)
+    adaptive: str = "auto"  # block-size policy; auto: cost on a CPU, fixed on a GPU (dflash.decode.adaptive.resolve)
     min_block_size: int | None = None  # None: 2, or block_size when smaller; given, block_size may not be below it
     max_block_size: int | None = None  # None: the draft's trained block size
     verify: str = "match"
@@ -84,7 +84,7 @@ class Request:
     # running) counts; None: no limit.
     deadline_s: float | None = 600.0
     stop_ids: tuple[int, ...] = ()
-    # > 0: copy from the context first (dflash.lookup): a block whose anchor ends an n-gram of this length seen
+    # > 0: copy from the context first (dflash.decode.lookup): a block whose anchor ends an n-gram of this length seen
     # earlier proposes the tokens that followed it, without running the draft model. Lossless; draft runs only.
     # 0: the draft alone (the paper's method).
     lookup_ngram: int = CHAIN_NGRAM

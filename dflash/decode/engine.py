@@ -1,9 +1,9 @@
 """THE generation loop. `Engine.stream(request)` yields typed events; everything else drains it.
 
-One step (`dflash.step.run_block`): propose a block [last committed, proposals] → verify it with one target forward (KV
+One step (`dflash.decode.step.run_block`): propose a block [last committed, proposals] → verify it with one target forward (KV
 cache, hooks capture the draft's feature layers) → accept the longest allowed prefix + the target's own token →
 crop the target cache to the committed length → let the controller pick the next block size. Without a draft the
-same loop verifies blocks of size 1: the autoregressive baseline. Per-request state lives in `dflash.step.Run`.
+same loop verifies blocks of size 1: the autoregressive baseline. Per-request state lives in `dflash.decode.step.Run`.
 """
 
 from __future__ import annotations
@@ -19,19 +19,19 @@ from typing import TypeVar
 
 import torch
 
-from dflash import events as ev
-from dflash.adaptive import BlockOutcome
-from dflash.adaptive import make_controller, resolve
-from dflash.draft import DFlashDraftModel
-from dflash.drafter import Drafter
+from dflash.decode import events as ev
+from dflash.decode.adaptive import BlockOutcome
+from dflash.decode.adaptive import make_controller, resolve
+from dflash.models.draft import DFlashDraftModel
+from dflash.decode.drafter import Drafter
 from dflash.errors import BusyError, ValidationError
-from dflash.limits import block_sizes, check_context
-from dflash.lookup import CopyProposer
-from dflash.proposer import Proposer
-from dflash.request import MAX_PROMPT_TOKENS, Request
-from dflash.stats import compute_stats
-from dflash.step import Recorder, Run, TextStream, run_block, verify_rule
-from dflash.target import Target, chat_prompt_ids
+from dflash.decode.limits import block_sizes, check_context
+from dflash.decode.lookup import CopyProposer
+from dflash.decode.proposer import Proposer
+from dflash.decode.request import MAX_PROMPT_TOKENS, Request
+from dflash.decode.stats import compute_stats
+from dflash.decode.step import Recorder, Run, TextStream, run_block, verify_rule
+from dflash.models.target import Target, chat_prompt_ids
 
 log = logging.getLogger("dflash")
 
@@ -99,7 +99,7 @@ class Engine:
         self.clock = time.monotonic  # injectable for deadline tests
         self.prefill_chunk = PREFILL_CHUNK  # injectable: tests use small chunks on tiny models
         self._texts: dict[int, str] = {}
-        self.host = None  # dflash.host.HostSettings: the CPU settings load_engine chose (None: not chosen there)
+        self.host = None  # dflash.loading.host.HostSettings: the CPU settings load_engine chose (None: not chosen there)
         self.draft_source: str | None = None  # where the draft was loaded from, when its loader says (DFlashModel)
         # What a block's events need from the engine: token texts, and the clock for commit times (injectable).
         self._recorder = Recorder(self.token_texts, lambda: self.clock())

@@ -19,16 +19,16 @@ from pathlib import Path
 
 import torch
 
-from dflash import target_cache
-from dflash.draft import CONFIG_NAME, WEIGHTS_NAME, inspect_draft, load_draft
-from dflash.engine import Engine
+from dflash.models import target_cache
+from dflash.models.draft import CONFIG_NAME, WEIGHTS_NAME, inspect_draft, load_draft
+from dflash.decode.engine import Engine
 from dflash.errors import ModelLoadError, ValidationError
-from dflash.host import HostSettings, env_dtype, env_probe, env_threads, threads_problem
-from dflash.host import choose as choose_settings
-from dflash.registry import draft_dir_problem, get_preset, looks_like_hub_id
-from dflash.target import Target
-from dflash.verify_dispatch import backend as kernel_backend
-from dflash.zerogpu import zero_gpu
+from dflash.loading.host import HostSettings, env_dtype, env_probe, env_threads, threads_problem
+from dflash.loading.host import choose as choose_settings
+from dflash.loading.registry import draft_dir_problem, get_preset, looks_like_hub_id
+from dflash.models.target import Target
+from dflash.verification.verify_dispatch import backend as kernel_backend
+from dflash.loading.zerogpu import zero_gpu
 
 CACHE_DIR = Path(os.environ.get("DFLASH_CACHE", Path.home() / ".cache" / "dflash"))
 log = logging.getLogger("dflash")
@@ -74,7 +74,7 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.d
         return dtype
     check_dtype(dtype)
     if dtype in (None, "auto"):
-        # CUDA: bf16. CPU: float32 unless the host probe (dflash.host, in load_engine) measures bf16 faster.
+        # CUDA: bf16. CPU: float32 unless the host probe (dflash.loading.host, in load_engine) measures bf16 faster.
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return DTYPES[dtype]
 
@@ -348,7 +348,7 @@ def load_engine(preset: str | None = "default", target: str | None = None, draft
 
 def _cpu_target(model, tokenizer, name: str, source: str, dev: torch.device, dtype: str | None, threads: int | None,
                 draft) -> tuple[Target | None, HostSettings | None]:
-    """On the CPU: the Target in the settings chosen for this host (dflash.host: probed once per machine and model,
+    """On the CPU: the Target in the settings chosen for this host (dflash.loading.host: probed once per machine and model,
     then cached); what the caller fixed (dtype, threads) is kept. Elsewhere (None, None)."""
     if dev.type != "cpu":
         return None, None

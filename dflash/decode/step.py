@@ -14,14 +14,14 @@ from typing import Any
 
 import torch
 
-from dflash import events as ev
-from dflash.adaptive import BlockOutcome
-from dflash.proposer import Proposal, Proposer
-from dflash.request import Request
-from dflash.sampling import GUMBEL_TARGET, UNIFORM_ACCEPT, gumbel_noise, uniform_noise
-from dflash.target import Target
-from dflash.verify import Outcome, top2_gap
-from dflash.verify_dispatch import match_verify, speculative_verify  # on CUDA the faster of Triton and dflash.verify
+from dflash.decode import events as ev
+from dflash.decode.adaptive import BlockOutcome
+from dflash.decode.proposer import Proposal, Proposer
+from dflash.decode.request import Request
+from dflash.verification.sampling import GUMBEL_TARGET, UNIFORM_ACCEPT, gumbel_noise, uniform_noise
+from dflash.models.target import Target
+from dflash.verification.verify import Outcome, top2_gap
+from dflash.verification.verify_dispatch import match_verify, speculative_verify  # on CUDA the faster of Triton and dflash.verification.verify
 
 
 class MatchRule:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from dflash.events import COPY
-from dflash.proposer import Proposal
-from dflash.request import MAX_NGRAM
+from dflash.decode.events import COPY
+from dflash.decode.proposer import Proposal
+from dflash.decode.request import MAX_NGRAM
 
 
 class NgramIndex:
@@ -70,7 +70,7 @@ def copy_proposal(anchor: int, start: int, span: list[int], vocab_size: int, sam
 
 
 class CopyProposer:
-    """Copying from the context as a `dflash.proposer.Proposer`: its per-request state is an `NgramIndex`; it reads
+    """Copying from the context as a `dflash.decode.proposer.Proposer`: its per-request state is an `NgramIndex`; it reads
     no target features. `vocab_size` and `device` shape the point-mass law of the rejection rule."""
 
     name = COPY

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dflash.errors import ModelLoadError, ValidationError
-from dflash.registry import DEFAULT_DRAFT_DIR
+from dflash.loading.registry import DEFAULT_DRAFT_DIR
 
-if TYPE_CHECKING:  # torch and dflash.draft load where used: building the CLI's parser must not import torch
+if TYPE_CHECKING:  # torch and dflash.models.draft load where used: building the CLI's parser must not import torch
     import torch
 
-    from dflash.draft import DraftConfig
+    from dflash.models.draft import DraftConfig
 
 TARGETS = ("vllm", "sglang", "full-head")
 OUR_CONFIG_KEYS = ("dflash_training",)  # written by our trainer; no server reads them
@@ -90,7 +90,7 @@ def _read_draft(draft: Path) -> tuple[dict, torch.Tensor | None, DraftConfig]:
     """(config.json as written, draft vocabulary ids or None, its DraftConfig), after checking the draft loads."""
     if not draft.is_dir():
         raise ValidationError("--draft", f"{draft} is not a directory")
-    from dflash.draft import CONFIG_NAME, load_draft
+    from dflash.models.draft import CONFIG_NAME, load_draft
 
     try:
         model, vocab = load_draft(draft)  # strict: a directory that is not our layout is refused here
@@ -156,7 +156,7 @@ def _check_out(out: Path) -> None:
 
 def _write(draft: Path, out: Path, config: dict, vocab: torch.Tensor | None, head: torch.Tensor | None) -> None:
     """config.json and model.safetensors: the same weights, plus the LM-head rows and d2t in the mapped form."""
-    from dflash.draft import CONFIG_NAME, WEIGHTS_NAME
+    from dflash.models.draft import CONFIG_NAME, WEIGHTS_NAME
 
     if vocab is None:
         shutil.copyfile(draft / WEIGHTS_NAME, out / WEIGHTS_NAME)  # the same weights, byte for byte
@@ -173,7 +173,7 @@ def _write(draft: Path, out: Path, config: dict, vocab: torch.Tensor | None, hea
 
 
 def _readme(config: dict, server: str, mapped: bool, draft: Path, block: int) -> str:
-    from dflash.draft import VOCAB_NAME
+    from dflash.models.draft import VOCAB_NAME
 
     head = (f"It keeps the draft vocabulary ({config.get('draft_vocab_size')} target tokens) in vLLM's form "
             "(`draft_vocab_size`, `lm_head.weight`, `d2t`), so vLLM drafts as this project's engine does."

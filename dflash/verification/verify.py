@@ -8,7 +8,7 @@ Devices: every tensor a rule creates is on the device of the target logits (or p
 draft probabilities and noise on another device are moved there, as the Triton kernels' wrappers do.
 
 These functions are also the specification of the Triton kernels in the top-level `kernels` package (the
-batched forms at the end are what the kernels compute); `dflash.verify_dispatch` picks one or the other.
+batched forms at the end are what the kernels compute); `dflash.verification.verify_dispatch` picks one or the other.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash.sampling import filter_logits, target_probs
+from dflash.verification.sampling import filter_logits, target_probs
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ ZeroGPU (Hugging Face's shared-GPU Spaces hardware). A `@spaces.GPU` function ru
 the GPU until the function returns (generators: until they end), and everything it returns or yields is pickled
 across a queue. So the UI should *record* a generation on the GPU and *animate* it outside:
 
-    from dflash.zerogpu import duration_for, gpu_decorator, zero_gpu
+    from dflash.loading.zerogpu import duration_for, gpu_decorator, zero_gpu
 
     engine, info = load_engine(device="cuda" if zero_gpu() else None)   # module level: ZeroGPU emulates CUDA
 

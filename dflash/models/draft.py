@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash.draft_check import check_sizes, check_weights, unreadable, weight_shapes
 from dflash.errors import ModelLoadError
-from dflash.registry import CONFIG_NAME, MASK_TOKEN_ID, VOCAB_NAME, WEIGHTS_NAME
+from dflash.models.draft_check import (CONFIG_NAME, MASK_TOKEN_ID, VOCAB_NAME, WEIGHTS_NAME, check_sizes, check_weights,
+                                       unreadable, weight_shapes)
 
 
 

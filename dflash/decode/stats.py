@@ -13,7 +13,7 @@ import math
 import statistics
 from typing import Any, Iterable
 
-from dflash import events as ev
+from dflash.decode import events as ev
 
 
 # Statistics added after traces were first recorded: an older trace's Finished.stats lacks them (ui/trace_schema.py).

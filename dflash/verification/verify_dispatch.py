@@ -1,10 +1,10 @@
 """The engine's verification calls: on CUDA the Triton kernels or the PyTorch reference, whichever is faster there;
 the reference elsewhere.
 
-`match_verify` and `speculative_verify` return `dflash.verify.Outcome`, whichever backend ran. The reference is
-`dflash.verify` itself (the specification of the kernels), so on CPU the engine's behaviour is bit-identical to
-calling `dflash.verify` directly. The kernels live in `dflash.kernels`, which imports no other `dflash` module:
-imports run engine → `dflash.step` → this module → `dflash.verify` / `dflash.kernels`.
+`match_verify` and `speculative_verify` return `dflash.verification.verify.Outcome`, whichever backend ran. The reference is
+`dflash.verification.verify` itself (the specification of the kernels), so on CPU the engine's behaviour is bit-identical to
+calling `dflash.verification.verify` directly. The kernels live in `dflash.kernels`, which imports no other `dflash` module:
+imports run engine → `dflash.decode.step` → this module → `dflash.verification.verify` / `dflash.kernels`.
 
 Backend choice, per call, from the device of the target logits:
 - `DFLASH_KERNELS=auto` (default): on CUDA tensors, when `triton` imports, the faster of the two on this machine:
@@ -29,9 +29,9 @@ from collections.abc import Callable
 
 import torch
 
-from dflash import verify
+from dflash.verification import verify
 from dflash.errors import ValidationError
-from dflash.verify import Outcome, check_draft_ids
+from dflash.verification.verify import Outcome, check_draft_ids
 
 MODES = ("auto", "triton", "reference")
 # DFLASH_KERNELS=auto on CUDA: (rule, filters, device, dtype, rows, vocabulary) -> {"triton_us", "reference_us", "chosen"}
@@ -57,7 +57,7 @@ def mode() -> str:
 
 def backend(device: torch.device | str) -> str:
     """'triton' or 'reference' for tensors on `device`, following DFLASH_KERNELS (see the module doc). The one check
-    of that variable: `dflash.load.load_engine` calls it for the engine's device before anything loads, so a value
+    of that variable: `dflash.loading.load.load_engine` calls it for the engine's device before anything loads, so a value
     this machine cannot honour is a ValidationError naming DFLASH_KERNELS at start, not at every verification."""
     device = torch.device(device)
     chosen = mode()
@@ -120,7 +120,7 @@ def _run(rule: str, logits: torch.Tensor, kernel: Callable[[], Outcome], referen
 
 def match_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, gumbel: torch.Tensor | None = None, acceptance_threshold: float = 1.0) -> Outcome:
-    """The *match* rule (greedy / Gumbel-max / relaxed), as `dflash.verify.match_verify`.
+    """The *match* rule (greedy / Gumbel-max / relaxed), as `dflash.verification.verify.match_verify`.
 
     draft_tokens [n] long; target_logits [n+1, V]; gumbel [n+1, V] or None.
     """
@@ -151,7 +151,7 @@ def speculative_verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, ta
     """Lossless speculative sampling from the target's logits (temperature, top-k, top-p applied here).
 
     draft_tokens [n] drawn from draft_probs q [n, V]; target_logits [n+1, V]; uniforms n floats in [0, 1);
-    gumbel [n+1, V]. As `dflash.verify.speculative_verify`.
+    gumbel [n+1, V]. As `dflash.verification.verify.speculative_verify`.
     """
     args = (draft_tokens, draft_probs, target_logits, temperature, top_k, top_p, uniforms, gumbel)
     if draft_tokens.shape[0] == 0:

@@ -1,4 +1,4 @@
-"""The cached float32 copy of a GGUF target (`dflash.load`), verified before every use: each file's size and sha256
+"""The cached float32 copy of a GGUF target (`dflash.loading.load`), verified before every use: each file's size and sha256
 are recorded when the copy is written, so a copy cut short (a full disk, a killed first start) or changed since is
 found and made again, not met as a SafetensorError at every start."""
 

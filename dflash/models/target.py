@@ -1,4 +1,4 @@
-"""The target model as the engine sees it: `Target` wraps a loaded causal LM (dflash.load loads it), runs one
+"""The target model as the engine sees it: `Target` wraps a loaded causal LM (dflash.loading.load loads it), runs one
 cached forward and captures only the hidden layers the draft needs (forward hooks); and the chat template that
 turns a prompt into the target's token ids.
 """
@@ -11,7 +11,7 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
-from dflash.packed import PackedLinear, float32_matmuls, layout_of, set_layout
+from dflash.models.packed import PackedLinear, float32_matmuls, layout_of, set_layout
 
 
 def chat_prompt_ids(tokenizer, prompt: str | list[dict]) -> list[int]:
@@ -86,10 +86,10 @@ class Target:
     Hidden layers the draft needs are captured by forward hooks on those decoder layers only (the output of
     decoder layer j, i.e. transformers' hidden_states[j + 1]; the last layer's after the final norm, as there).
 
-    layout: store the decoder's linear weights "linear" (as loaded) or "transposed" (`dflash.packed.set_layout`;
+    layout: store the decoder's linear weights "linear" (as loaded) or "transposed" (`dflash.models.packed.set_layout`;
     plain models on the CPU only, where the host probe chose it); None leaves the model as it is.
     float32_from_rows: forwards of at least this many tokens (a prompt's prefill) run the decoder's linear layers in
-    float32 (`dflash.packed.Float32Matmul`; a low-precision dtype on the CPU only, where the host probe measured
+    float32 (`dflash.models.packed.Float32Matmul`; a low-precision dtype on the CPU only, where the host probe measured
     that it pays); 0: never.
     """
 
@@ -121,13 +121,13 @@ class Target:
         self._split_head = self.cpu_fast_paths = (self.device.type == "cpu" and type(model).__name__ in _PLAIN_HEAD
                             and type(head) is nn.Linear and head.bias is None and hasattr(model, "model")
                             and not getattr(model, "hf_device_map", None) and getattr(model, "hf_quantizer", None) is None)
-        if layout is not None and self._split_head:  # CPU only: see dflash.packed.TransposedLinear
+        if layout is not None and self._split_head:  # CPU only: see dflash.models.packed.TransposedLinear
             set_layout(model.model.layers, layout)
         self.float32_from_rows = float32_from_rows if (self._split_head and dtype != torch.float32) else 0
 
     @property
     def layout(self) -> str:
-        """How the decoder's linear weights are stored: "linear" (as loaded) or "transposed" (dflash.packed)."""
+        """How the decoder's linear weights are stored: "linear" (as loaded) or "transposed" (dflash.models.packed)."""
         return layout_of(self.model.model.layers) if hasattr(self.model, "model") else "linear"
 
     # -- features ---------------------------------------------------------------------------------------

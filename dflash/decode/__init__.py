@@ -1,0 +1,1 @@
+"""The decoding loop and its proposers: the engine, one block's step, the events and statistics."""
