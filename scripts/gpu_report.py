@@ -103,7 +103,8 @@ def body() -> str:
         f"- **First run** (`scripts/gpu_check.sh`; {step_seconds('h200-run-1.log')}): "
         f"{checks_line(one)}. `gpu` tests: "
         f"{pytest_counts('h200-pytest-1.log')}. Kernel parity: {parity(one)}. Both were exact bfloat16 ties at the "
-        "top-p boundary, where the reference's sort dropped one of two equal logits; `dflash.verification.sampling.filter_logits` "
+        "top-p boundary, where the reference's sort dropped one of two equal logits; "
+        "`dflash.verification.sampling.filter_logits` "
         "now keeps or drops equal logits together, as the kernels do. The failing bf16 match-rate test asked for more "
         "identical outputs than a tiny random bfloat16 model gives; it now requires every divergence to be a tie "
         "(`results/gpu/h200-pytest-1.log`) and 3/4 identical.",

@@ -1,9 +1,9 @@
 """Shared helpers for the engine tests: independent references and scripted drafters.
 
 The references never go through `Engine`: greedy uses transformers' own `generate`, sampling a plain
-no-cache loop with the per-position noise of `dflash.verification.sampling`. Scripted drafters (tests/proposers.py) replace only the
-draft's *proposals* (the engine, target and verification stay real), so an oracle (always right) and an adversary
-(always wrong) exercise full acceptance and full rejection of every block.
+no-cache loop with the per-position noise of `dflash.verification.sampling`. Scripted drafters (tests/proposers.py)
+replace only the draft's *proposals* (the engine, target and verification stay real), so an oracle (always right) and
+an adversary (always wrong) exercise full acceptance and full rejection of every block.
 """
 
 from __future__ import annotations

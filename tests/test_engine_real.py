@@ -34,7 +34,7 @@ def test_dflash_random_draft_equals_no_draft_on_smollm2(real_engine):
     for res in (base, dflash):
         assert "".join(e.text_delta for e in res.events if isinstance(e, Commit)) == res.text
         assert res.text == tok.decode(res.output_ids, skip_special_tokens=True)
-    verifies = [e for e in dflash.decode.events if isinstance(e, Verify)]
+    verifies = [e for e in dflash.events if isinstance(e, Verify)]
     assert verifies and all(v.block_size > 1 for v in verifies[:-1])
     # The end-of-turn token is one of the engine's stop ids.
     assert tok.convert_tokens_to_ids("<|im_end|>") in smollm2.stop_ids()
@@ -91,7 +91,7 @@ def _compare_on_prompts(engine: Engine, n_prompts: int = 6, max_new_tokens: int 
                 for d in (False, True)]
         base, dflash = runs
         out.append(diagnose_difference(base.output_ids, output_gaps(base.events), dflash.output_ids,
-                                       output_gaps(dflash.decode.events), dtype))
+                                       output_gaps(dflash.events), dtype))
     return out
 
 

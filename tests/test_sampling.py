@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from device_check import CopiesToDevice, SimulatedDevice
-from dflash.verification.sampling import (_GAMMA, _MASK64, GUMBEL_DRAFT, GUMBEL_TARGET, UNIFORM_ACCEPT, _splitmix64, filter_logits,
-                             gumbel_noise, position_seed, sample_with_noise, target_probs, uniform_noise)
+from dflash.verification.sampling import (_GAMMA, _MASK64, GUMBEL_DRAFT, GUMBEL_TARGET, UNIFORM_ACCEPT, _splitmix64,
+                                          filter_logits, gumbel_noise, position_seed, sample_with_noise, target_probs,
+                                          uniform_noise)
 
 NEG = float("-inf")
 

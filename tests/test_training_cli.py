@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import fields
 from pathlib import Path
 
 import pytest

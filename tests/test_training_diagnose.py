@@ -7,7 +7,6 @@ import sys
 from collections import Counter
 
 import pytest
-import torch
 
 from dflash.cli import main
 from dflash.decode.drafter import Drafter

@@ -4,7 +4,6 @@ fixed while a run grows, every series has a non-colour encoding, and every figur
 from __future__ import annotations
 
 import json
-import math
 
 import plotly.graph_objects as go
 import pytest

@@ -339,7 +339,8 @@ class Playground:
         with replay.lock:
             shown = view(replay.seek(last), show_rejected, baseline=replay.baseline_state(), compare=comp, hw=hw)
             label = replay.label(last)
-        return {**shown, "status": f"**Loaded {source} trace:** {title} ({speed_words(trace)})" + (f" — {note}" if note else ""),
+        status = f"**Loaded {source} trace:** {title} ({speed_words(trace)})" + (f" — {note}" if note else "")
+        return {**shown, "status": status,
                 "trace": state, **_cursor(replay.n_frames, last, label, trace.events), **self.exports(trace, None, source)}
 
     def show_frame(self, state: dict | None, frame: Any, block: Any, show_rejected: bool, charts: bool = True) -> dict[str, Any]:

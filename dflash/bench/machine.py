@@ -20,7 +20,8 @@ import time
 import psutil
 import torch
 
-from dflash.loading.host import SIMD_FLAGS, cpu_flags, cpu_model  # noqa: F401 — re-exported: one definition, in dflash.loading.host
+# Re-exported: one definition, in dflash.loading.host.
+from dflash.loading.host import SIMD_FLAGS, cpu_flags, cpu_model  # noqa: F401
 
 _MB = 1024 * 1024
 

@@ -20,17 +20,16 @@ from typing import TypeVar
 import torch
 
 from dflash.decode import events as ev
-from dflash.decode.adaptive import BlockOutcome
 from dflash.decode.adaptive import make_controller, resolve
-from dflash.models.draft import DFlashDraftModel
 from dflash.decode.drafter import Drafter
-from dflash.errors import BusyError, ValidationError
 from dflash.decode.limits import block_sizes, check_context
 from dflash.decode.lookup import CopyProposer
 from dflash.decode.proposer import Proposer
 from dflash.decode.request import MAX_PROMPT_TOKENS, Request
 from dflash.decode.stats import compute_stats
 from dflash.decode.step import Recorder, Run, TextStream, run_block, verify_rule
+from dflash.errors import BusyError, ValidationError
+from dflash.models.draft import DFlashDraftModel
 from dflash.models.target import Target, chat_prompt_ids
 
 log = logging.getLogger("dflash")

@@ -21,7 +21,8 @@ from dflash.decode.request import Request
 from dflash.verification.sampling import GUMBEL_TARGET, UNIFORM_ACCEPT, gumbel_noise, uniform_noise
 from dflash.models.target import Target
 from dflash.verification.verify import Outcome, top2_gap
-from dflash.verification.verify_dispatch import match_verify, speculative_verify  # on CUDA the faster of Triton and dflash.verification.verify
+# On CUDA the faster of Triton and dflash.verification.verify (measured per kind of call).
+from dflash.verification.verify_dispatch import match_verify, speculative_verify
 
 
 class MatchRule:

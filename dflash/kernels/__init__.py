@@ -8,6 +8,6 @@
 
 This package imports no other `dflash` module (imports run one way: engine → verification → kernels). The PyTorch
 reference each kernel must match, and the choice between kernels and reference (`DFLASH_KERNELS`), live in
-`dflash.verification.verify` and `dflash.verification.verify_dispatch`. Importing the package imports neither torch nor Triton; the kernel
-modules import both.
+`dflash.verification.verify` and `dflash.verification.verify_dispatch`. Importing the package imports neither torch
+nor Triton; the kernel modules import both.
 """
