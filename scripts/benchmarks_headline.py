@@ -76,6 +76,7 @@ def verdict(headline: dict) -> str:
     """The verdict under the first table, computed from the result files; `headline`: the MT-Bench run's JSON."""
     names = [n for n in HEADLINES + LOOKUP if (res / f"{n}.json").exists()]
     runs = [json.loads((res / f"{n}.json").read_text()) for n in names]
+    runs = [d for d in runs if d["machine"]["cpu_model"] == headline["machine"]["cpu_model"]]  # this CPU's runs only
     sp = [headline_speedup(d, "dflash") for d in runs if "dflash" in d["summary"]]
     tau = [d["summary"]["dflash"]["tau"] for d in runs if "dflash" in d["summary"]]
     same = [s[m]["identical"] for s in (d["summary"] for d in runs) for m in s if m != "ar" and s[m].get("identical")]
@@ -111,16 +112,20 @@ def glance() -> str:
     """The first table: one row per result file, its methods' speed against `ar` in the same run (the best bold)."""
     rows = ["| run (per-prompt details) | " + " | ".join(f"`{m}`" for m in GLANCE) + " |",
             "|---" * (len(GLANCE) + 1) + "|"]
-    for name in ("mtbench-greedy", "mtbench-lookup", "humaneval-greedy", "humaneval-lookup", "mtbench-t0.7"):
+    home = json.loads((res / "mtbench-greedy.json").read_text())["machine"]["cpu_model"]  # the "Machine" section's
+    for name in ("mtbench-greedy", "mtbench-lookup", "humaneval-greedy", "humaneval-lookup", "mtbench-t0.7",
+                 "mtbench-lookup-xeon"):
         if not (res / f"{name}.json").exists():
             continue
         d = json.loads((res / f"{name}.json").read_text())
+        cpu = d["machine"]["cpu_model"]
+        where = "" if cpu == home else f", {cpu.replace('(R)', '')} ({d['models']['dtype']})"  # another host
         s = d["summary"]
         sp = {m: headline_speedup(d, m) for m in GLANCE if m in s}
         best = max(round(v, 2) for v in sp.values())  # as shown: equal cells are both bold
         cells = [("**{:.2f}×**" if round(v, 2) == best else "{:.2f}×").format(v)
                  + (f" (τ {s[m]['tau']:.2f})" if s[m].get("tau") else "") if (v := sp.get(m)) else "–" for m in GLANCE]
-        rows.append(f"| [{label(d)}](results/{name}.md) | " + " | ".join(cells) + " |")
+        rows.append(f"| [{label(d)}{where}](results/{name}.md) | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
@@ -160,7 +165,8 @@ def knob_verdict() -> str:
             f"Lossy (emitted tokens that differ from the target's own): {', '.join(lossy) or 'none'}.")
 
 
-LOOKUP = ("mtbench-lookup", "humaneval-lookup")  # copying from the context first: ar, dflash, dflash-lookup
+LOOKUP = ("mtbench-lookup", "humaneval-lookup", "mtbench-lookup-xeon")  # copying from the context first: ar, dflash,
+# dflash-lookup (the default chain since it measured fastest; -xeon: an Intel host with AMX, AVX512_BF16)
 
 
 def lookup_section() -> str:
