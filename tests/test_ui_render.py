@@ -389,7 +389,7 @@ def test_csv_cells_cannot_start_formulas():
 
 def test_bundled_traces_replay_without_a_model():
     traces = bundled_traces()
-    assert 2 <= len(traces) <= 4
+    assert 2 <= len(traces) <= 5  # a handful: prose (Paper method), code, maths, copy, the default chain
     for label, path in traces.items():
         t = load_trace_file(path)
         assert isinstance(t.events[0], ev.Started) and isinstance(t.events[-1], ev.Finished)
@@ -398,10 +398,10 @@ def test_bundled_traces_replay_without_a_model():
         assert t.events[-1].stats["n_output_tokens"] > 0
         html = render.token_stream_html(t.events)
         assert len(re.findall(r'class="tok tok-(?!rejected)', html)) == t.events[-1].stats["n_output_tokens"]
-        if t.baseline:
-            comp = render_stats.comparison(t.events, t.baseline)
-            lossy = t.events[0].lossy
-            assert comp["identical"] or lossy  # lossless runs match the target's own output
+        if t.baseline:  # lossless runs match the target's own output, or part from it at a diagnosed bfloat16 tie
+            dtype = t.meta.get("dtype") or ("bfloat16" if "bfloat16" in t.meta.get("hardware", "") else "")
+            comp = render_stats.comparison(t.events, t.baseline, dtype)
+            assert comp["identical"] or t.events[0].lossy or comp["diagnosis"]["verdict"] == "tie", (label, comp)
 
 
 def test_compare_status_line_says_why_the_outputs_differ(tmp_path):
