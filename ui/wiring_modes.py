@@ -39,8 +39,9 @@ def wire_modes(pg: Playground, ui: dict[str, Any]) -> None:
         return mode_of(shown, block, dtype), mode_note(shown, block, dtype)
 
     ui["mode"].input(on_mode, [ui["mode"], ui["preset"]], [*moded, ui["mode_note"]], **QUIET)
-    for key in MODE_KEYS:  # `input`: the user's own moves (a mode or Reset sets them all consistently)
-        ui[key].input(on_control, [ui["preset"], *moded], [ui["mode"], ui["mode_note"]], preprocess=False, **QUIET)
+    # `change`: a hand's move, and a loaded trace's or another preset's values too (a mode sets its own consistently).
+    for comp in (*moded, ui["preset"]):
+        comp.change(on_control, [ui["preset"], *moded], [ui["mode"], ui["mode_note"]], preprocess=False, **QUIET)
     initial = {k: ui[k].value for k in MODE_KEYS}
     ui["reset"].click(lambda p: (PAPER, mode_note(initial, *context(p))), ui["preset"], [ui["mode"], ui["mode_note"]],
                       **QUIET)

@@ -81,6 +81,9 @@ def test_loading_a_bundled_trace_sets_the_prompt_and_its_controls(page):
     expect(page.locator("#confidence input[type=number]")).to_have_value("0.5")
     expect(in_accordion(page, "#max-new-tokens input[type=number]", "Sampling and length")).to_have_value("48")
     expect(page.locator(LABEL)).to_contain_text(last_frame_label("code.json"))
+    # Two denoising steps are neither mode's: the switch and its note say "custom" (they kept "Paper method").
+    expect(page.locator("#mode input[value=custom]")).to_be_checked()
+    expect(page.locator("#mode-note")).to_contain_text("custom")
 
 
 def test_the_step_buttons_sit_on_the_inspector_and_the_keys_move_it(page):
