@@ -7,6 +7,8 @@ No downloads. The character tokenizer maps each of 256 ids to one printable char
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 
 import torch
@@ -100,3 +102,19 @@ def paced_text_engine(block_size: int = 8, delay_s: float = 0.05) -> Engine:
     target = PacedTarget(engine.target.model, engine.target.tokenizer, name="tiny-paced")
     target.delay_s = delay_s
     return Engine(target, engine.draft, name="tiny-paced")
+
+
+@contextmanager
+def served_tiny_app(play_delay_s: float) -> Iterator[str]:
+    """The playground on the tiny text engine (blocks of 8), served on a free port; yields its URL. `play_delay_s`:
+    Play's pause between frames."""
+    from ui import build_demo, launch_kwargs
+    from ui.handlers import Settings
+
+    torch.set_num_threads(1)
+    demo = build_demo({"default": tiny_text_engine(block_size=8)}, settings=Settings(play_delay_s=play_delay_s))
+    _, url, _ = demo.launch(**launch_kwargs(server_port=None, prevent_thread_lock=True, quiet=True))
+    try:
+        yield url
+    finally:
+        demo.close()

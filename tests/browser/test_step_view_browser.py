@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.browser import test_playground_browser as harness
 from ui.replay import TRACES_DIR, frames, load_trace_file
@@ -27,15 +26,10 @@ LABEL = "#replay-label"
 
 @pytest.fixture(scope="module")
 def app():
-    from tests.ui_support import tiny_text_engine
-    from ui import build_demo, launch_kwargs
-    from ui.handlers import Settings
+    from tests.ui_support import served_tiny_app
 
-    torch.set_num_threads(1)
-    demo = build_demo({"default": tiny_text_engine(block_size=8)}, settings=Settings(play_delay_s=0.25))
-    _, url, _ = demo.launch(**launch_kwargs(server_port=None, prevent_thread_lock=True, quiet=True))
-    yield url
-    demo.close()
+    with served_tiny_app(play_delay_s=0.25) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.browser import test_playground_browser as harness
 from tests.test_ui_replay import with_markup_in_every_string
@@ -30,15 +29,10 @@ INJECTED = ("document.querySelector('.gradio-container')"
 
 @pytest.fixture(scope="module")
 def app():
-    from tests.ui_support import tiny_text_engine
-    from ui import build_demo, launch_kwargs
-    from ui.handlers import Settings
+    from tests.ui_support import served_tiny_app
 
-    torch.set_num_threads(1)
-    demo = build_demo({"default": tiny_text_engine(block_size=8)}, settings=Settings(play_delay_s=0.02))
-    _, url, _ = demo.launch(**launch_kwargs(server_port=None, prevent_thread_lock=True, quiet=True))
-    yield url
-    demo.close()
+    with served_tiny_app(play_delay_s=0.02) as url:
+        yield url
 
 
 def hostile_page(browser, url: str):
