@@ -22,6 +22,7 @@ from .engines import EngineProvider
 from .controls import FIELDS, shown_rejected, user_message
 from .handlers import CONTROL_KEYS, STOPPED_IN_QUEUE, USER_ERRORS, VIEW_KEYS, Playground, trace_from_state
 from .live import dtype_of
+from .render_stats import tie_only
 from .replay import recorded_controls
 from .sessions import REPLAY
 from .step_view import NO_CHANGE, PAUSED, PLAYING
@@ -71,6 +72,15 @@ def _stream_errors(gen: Iterator[Any], status: bool = False) -> Iterator[Any]:
             raise
         started = True
         yield item
+
+
+def offer_exact(out: dict[str, Any]) -> Any:
+    """The exact (float32) re-run's button: shown once a comparison ends in a numerical tie only, hidden while it
+    runs and after any other ending. Sent with the comparison's own updates: a separate event that hid it at the
+    click raced them in the browser, and the button stayed hidden."""
+    trace = out.get("trace")
+    comp = trace.get("compare") if isinstance(trace, dict) else None
+    return gr.update(visible=comp is not None and tie_only(comp))
 
 
 def pack(out: dict[str, Any]) -> tuple:
@@ -139,7 +149,7 @@ def _wire_generation(pg: Playground, ui: dict[str, Any], outputs: list) -> Any:
         def runs():  # the checkbox checked inside the stream, whose errors replace the status line
             yield from pg.compare(trace, history, shown_rejected(show_rejected), request.session_hash, request.request)
         for out in _stream_errors(runs(), status=True):
-            yield pack(out)
+            yield (*pack(out), offer_exact(out))
 
     def admit(request: gr.Request, *values: Any, **named: Any) -> list:
         """The validator of Generate and Compare, which Gradio runs as a request enters the queue: it tells
@@ -169,8 +179,10 @@ def _wire_generation(pg: Playground, ui: dict[str, Any], outputs: list) -> Any:
            "concurrency_id": "engine", "concurrency_limit": 1}
     gen_event = ui["generate"].click(on_generate, inputs_kwargs=gen_inputs, api_name="generate", preprocess=False, **run)
     ui["prompt"].submit(on_generate, inputs_kwargs=gen_inputs, api_visibility="private", preprocess=False, **run)
+    # Compare's last update also offers the exact re-run (ui/wiring_modes.py), in the same reply: a follow-up event
+    # could read the session's trace before the comparison was stored in it.
     ui["compare_event"] = ui["compare"].click(on_compare, [ui["trace"], ui["history"], ui["show_rejected"]],
-                                              api_name="compare", **run)  # the race follows it (ui/wiring_modes.py)
+                                              api_name="compare", **{**run, "outputs": [*outputs, ui["exact"]]})
     # Outside the queue, so that it reaches a run at once; it stops the session's queued requests too.
     ui["stop"].click(on_stop, None, ui["status"], api_name="stop", queue=False, show_progress="hidden")
     return gen_event

@@ -11,8 +11,7 @@ import gradio as gr
 from .controls import shown_rejected
 from .handlers import Playground
 from .modes import MODE_KEYS, MODES, PAPER, mode_note, mode_of, mode_values, range_note
-from .render_stats import tie_only
-from .wiring import OUT_KEYS, _stream_errors, fit_block_range, pack
+from .wiring import OUT_KEYS, _stream_errors, fit_block_range, offer_exact, pack
 
 QUIET = {"queue": False, "api_visibility": "private", "show_progress": "hidden"}
 BLOCK_KEYS = ("block_size", "min_block", "max_block")
@@ -59,25 +58,21 @@ def _wire_race(pg: Playground, ui: dict[str, Any]) -> None:
         for out in _stream_errors(pg.race(trace)):
             yield out["race"]
 
-    def offer_exact(trace):
-        comp = trace.get("compare") if trace else None
-        return gr.update(visible=bool(comp) and tie_only(comp))
-
     def on_exact(trace, history, show_rejected, request: gr.Request):
         def runs():
             yield from pg.compare(trace, history, shown_rejected(show_rejected), request.session_hash,
                                   numerics="float32")
         for out in _stream_errors(runs(), status=True):
-            yield pack(out)
+            yield (*pack(out), offer_exact(out))
 
     after = {"api_visibility": "private", "show_progress": "hidden"}
     clear = ("", gr.update(visible=False))  # a new run or comparison: no race, no offer, until it ends
     for event in (ui["compare_event"], ui["exact"].click(lambda: ("float32", *clear), None,
                                                          [ui["numerics"], ui["race"], ui["exact"]], **QUIET).then(
-            on_exact, [ui["trace"], ui["history"], ui["show_rejected"]], [ui[k] for k in OUT_KEYS],
+            on_exact, [ui["trace"], ui["history"], ui["show_rejected"]], [*(ui[k] for k in OUT_KEYS), ui["exact"]],
             api_name="compare_exactly", concurrency_id="engine", concurrency_limit=1, show_progress="full",
             show_progress_on=[ui["status"]])):
-        event.success(offer_exact, ui["trace"], ui["exact"], queue=False, api_visibility="private")
         event.success(on_race, ui["trace"], ui["race"], concurrency_limit=8, **after)
-    for start in (ui["generate"].click, ui["prompt"].submit, ui["load_trace"].click, ui["compare"].click):
+    for start in (ui["generate"].click, ui["prompt"].submit, ui["load_trace"].click):
         start(lambda: clear, None, [ui["race"], ui["exact"]], **QUIET)
+    ui["compare"].click(lambda: "", None, ui["race"], **QUIET)  # the button: by Compare's own updates
