@@ -1,7 +1,8 @@
 """Traces: save, load and step through recorded runs without a model.
 
 A trace is the list of engine events of one run plus a little metadata, stored as
-`{"format": "dflash-trace", "version": 1, "meta": {...}, "events": [event dicts]}`. The CLI's
+`{"format": "dflash-trace", "version": 2, "meta": {...}, "events": [event dicts]}` (version 2 added what the draft
+attends to, `DraftStep.attention`; version 1 traces load as they are). The CLI's
 `generate --trace` JSON-lines file (one event per line) loads too; every field is checked on the way in
 (ui/trace_schema.py). A replay *frame* is a point where the picture changes: the start, each denoising step, each
 commit (prefill's first token, each verified block) and the end. A `Replay` decodes a trace once and keeps the
@@ -30,7 +31,8 @@ from .run_state import RunState
 from .trace_schema import (MAX_RUN_EVENTS, MAX_TRACE_BYTES, MAX_TRACE_EVENTS, JsonProblem, TraceError, check_event,
                            check_meta, check_run, decode_json, line_of, shown)
 
-TRACE_FORMAT, TRACE_VERSION = "dflash-trace", 1
+TRACE_FORMAT, TRACE_VERSION = "dflash-trace", 2
+READ_VERSIONS = (1, 2)  # 1: before DraftStep.attention; its traces have none
 TRACES_DIR = ASSETS / "traces"
 
 
@@ -64,8 +66,9 @@ def parse_trace(text: str) -> Trace:
         raise TraceError("trace: the file is empty")
     data = decode_json(text)  # lines are counted in the file as it is: blank lines before the first event count
     if isinstance(data, dict) and data.get("format") == TRACE_FORMAT:
-        if data.get("version") != TRACE_VERSION:
-            raise TraceError(f"trace: version {shown(data.get('version'))} is not supported (expected {TRACE_VERSION})")
+        if data.get("version") not in READ_VERSIONS or type(data.get("version")) is not int:
+            raise TraceError(f"trace: version {shown(data.get('version'))} is not supported "
+                             f"(expected {' or '.join(map(str, READ_VERSIONS))})")
         raw, meta, base_raw = data.get("events"), data.get("meta") or {}, data.get("baseline")
         if not isinstance(raw, list) or not isinstance(meta, dict) or not isinstance(base_raw, (list, type(None))):
             raise TraceError("trace: 'events' and 'baseline' must be lists and 'meta' an object")

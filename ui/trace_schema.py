@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from dflash.decode import events as ev
+from dflash.decode.attention import MAX_TOP_K
 from dflash.errors import ValidationError
 from dflash.decode.request import MAX_BLOCK_SIZE, MAX_DEADLINE_S, MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, MAX_STEPS, Request
 from dflash.decode.stats import LATER_STATS, compute_stats
@@ -184,6 +185,46 @@ FLAGS = listed(lambda v: type(v) is bool, "true or false", MAX_BLOCK_SIZE)
 SOURCE = one_of(ev.BLOCK_SOURCES)
 KINDS = listed(lambda v: type(v) is str and v in ev.TOKEN_KINDS, " or ".join(ev.TOKEN_KINDS), MAX_BLOCK_SIZE)
 
+# What the draft attends to (DraftStep.attention, trace version 2; dflash/decode/attention.py).
+MAX_DRAFT_LAYERS, MAX_HEADS = 64, 256
+ATTENTION_KEYS = {"anchor", "context_len", "top_k", "heads", "ctx_positions", "ctx_texts", "layers"}
+LAYER_KEYS = {"ctx_pos", "ctx_w", "ctx_share", "block", "head_ctx_share"}
+_WEIGHT = _is_number(0.0, 1.0)
+
+
+def _rows(v: Any, n_rows: int, n_cols: int, ok: Callable[[Any], bool]) -> bool:
+    """`v` is n_rows lists of n_cols values, each `ok`."""
+    return (type(v) is list and len(v) == n_rows
+            and all(type(r) is list and len(r) == n_cols and all(ok(x) for x in r) for r in v))
+
+
+def attention_rule(v: Any, name: str) -> str | None:
+    """null, or a summary as `dflash.decode.attention.summarize` writes it, every size within its bounds."""
+    what = f"'{name}' must be null or the draft's attention record (dflash/decode/attention.py)"
+    if v is None:
+        return None
+    if type(v) is not dict or set(v) != ATTENTION_KEYS or type(v["layers"]) is not list:
+        return what
+    ctx, k, heads, layers = v["context_len"], v["top_k"], v["heads"], v["layers"]
+    if not (_is_int(0, MAX_POSITION)(v["anchor"]) and _is_int(0, MAX_POSITION)(ctx) and _is_int(0, MAX_TOP_K)(k)
+            and k <= ctx and _is_int(1, MAX_HEADS)(heads) and 1 <= len(layers) <= MAX_DRAFT_LAYERS):
+        return f"{what}: a size is out of range"
+    kept = v["ctx_positions"]
+    if (type(kept) is not list or len(kept) > ctx or not all(_is_int(0, ctx - 1)(p) for p in kept)
+            or kept != sorted(set(kept)) or listed(_is_text(MAX_LABEL_CHARS), "", len(kept))(v["ctx_texts"], "")
+            or len(v["ctx_texts"]) != len(kept)):
+        return f"{what}: 'ctx_positions' must be ascending context positions, with one text each in 'ctx_texts'"
+    first = layers[0].get("block") if type(layers[0]) is dict else None
+    b = len(first) if type(first) is list and 1 <= len(first) <= MAX_BLOCK_SIZE else 0
+    known = set(kept)
+    for i, layer in enumerate(layers):
+        if not (type(layer) is dict and set(layer) == LAYER_KEYS and b and _rows(layer["block"], b, b, _WEIGHT)
+                and _rows(layer["ctx_pos"], b, k, lambda p: type(p) is int and p in known)
+                and _rows(layer["ctx_w"], b, k, _WEIGHT) and _rows([layer["ctx_share"]], 1, b, _WEIGHT)
+                and _rows(layer["head_ctx_share"], heads, b, _WEIGHT)):
+            return f"{what}: layer {i} does not have one row per block slot, of 'top_k' context positions each"
+    return None
+
 FIELD_RULES: dict[str, dict[str, Rule]] = {
     "Started": {"request": request_rule, "prompt_ids": listed(_is_int(0, MAX_TOKEN_ID), "integers", MAX_PROMPT_TOKENS),
                 "prompt_text": TEXT, "has_draft": FLAG, "lossy": FLAG, "model": LABEL,
@@ -193,6 +234,7 @@ FIELD_RULES: dict[str, dict[str, Rule]] = {
     "BlockSize": {"block": BLOCK, "size": SIZE, "reason": LABEL, "source": SOURCE},
     "DraftStep": {"block": BLOCK, "step": integer(0, MAX_STEPS - 1), "n_steps": integer(1, MAX_STEPS), "start": POSITION,
                   "tokens": IDS, "token_texts": TEXTS, "masked": FLAGS, "committed": FLAGS, "ms": MS,
+                  "attention": attention_rule,
                   "confidences": listed(_is_number(0.0, 1.0), "finite numbers in [0.0, 1.0]", MAX_BLOCK_SIZE)},
     "Verify": {"block": BLOCK, "start": POSITION, "block_size": SIZE, "draft_tokens": IDS, "draft_texts": TEXTS,
                "target_tokens": IDS, "target_texts": TEXTS, "accepted": FLAGS, "accepted_len": integer(0, MAX_BLOCK_SIZE - 1),
@@ -216,6 +258,9 @@ def _draft_step(e: ev.DraftStep) -> str | None:
     for name in ("token_texts", "confidences", "masked", "committed"):
         if len(getattr(e, name)) != n:
             return f"'{name}' must have one entry per block position (as 'tokens')"
+    a = e.attention
+    if a is not None and (len(a["layers"][0]["block"]) != n or a["anchor"] != e.start):
+        return "'attention' must have one row per block position and its anchor at 'start'"
     return "'step' must be less than 'n_steps'" if e.step >= e.n_steps else None
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dflash.models.draft import DFlashDraftModel, DraftCache
+from dflash.decode.attention import summarize
 from dflash.decode.events import DRAFT
 from dflash.models.packed import PackedLinear
 from dflash.decode.proposer import Proposal
@@ -30,6 +31,7 @@ class DraftContext:
 
     cache: DraftCache = field(default_factory=DraftCache)
     pending: list[tuple[torch.Tensor, int]] = field(default_factory=list)
+    attention_k: int = 0  # > 0: each denoising step records what the draft attends to (dflash.decode.attention)
 
 
 class Drafter:
@@ -98,8 +100,9 @@ class Drafter:
         steps, q = [], None
         for step in range(n_steps):
             ts = time.perf_counter()
+            weights = [] if state.attention_k else None  # per layer [1, nh, b, ctx + b] when traced
             emb = self.embed(torch.tensor([tokens], device=dev))  # [1, b, H]
-            hidden = self.draft(emb.to(self.head.dtype), positions, cache.kv)[0, 1:]  # [n, H]
+            hidden = self.draft(emb.to(self.head.dtype), positions, cache.kv, attention=weights)[0, 1:]  # [n, H]
             logits = self._full(self.head_fn(hidden).float())  # [n, V]
             probs = torch.softmax(logits, -1)
             if sample is None:
@@ -124,6 +127,8 @@ class Drafter:
             view_conf = [conf[i] if not masked[i] else best_p_l[i - 1] for i in range(size)]
             steps.append({"step": step, "n_steps": n_steps, "start": start, "tokens": view, "confidences": view_conf,
                           "masked": list(masked), "committed": committed, "ms": (time.perf_counter() - ts) * 1000})
+            if weights is not None:
+                steps[-1]["attention"] = summarize(weights, start, state.attention_k)
             if not any(masked):
                 break
         return Proposal(tokens[1:], conf[1:], q, steps, (time.perf_counter() - t0) * 1000)

@@ -21,7 +21,8 @@ import torch
 
 from dflash.decode import events as ev
 from dflash.decode.adaptive import make_controller, resolve
-from dflash.decode.drafter import Drafter
+from dflash.decode.attention import TOP_K
+from dflash.decode.drafter import DraftContext, Drafter
 from dflash.decode.limits import block_sizes, check_context
 from dflash.decode.lookup import CopyProposer
 from dflash.decode.proposer import Proposer
@@ -269,7 +270,11 @@ class Engine:
         for the request."""
         tg, chain = self.target, self.chain(req)
         eos = tg.stop_ids()
-        return Run(req=req, rule=verify_rule(req, tg.device), chain=chain, states=[p.new_state() for p in chain],
+        states = [p.new_state() for p in chain]
+        for state in states:
+            if isinstance(state, DraftContext) and req.trace_attention:
+                state.attention_k = TOP_K
+        return Run(req=req, rule=verify_rule(req, tg.device), chain=chain, states=states,
                    cache=tg.new_cache(), text=TextStream(self.decode), t_start=t_start, out=out, seq=list(prompt_ids),
                    eos=eos, stops=set(req.stop_ids) | eos)
 

@@ -79,6 +79,8 @@ class DraftStep:
     masked: list[bool]
     committed: list[bool]
     ms: float
+    # What the draft attended to at this step (Request.trace_attention; dflash.decode.attention.summarize), or None.
+    attention: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

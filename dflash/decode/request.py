@@ -88,6 +88,9 @@ class Request:
     # earlier proposes the tokens that followed it, without running the draft model. Lossless; draft runs only.
     # 0: the draft alone (the paper's method).
     lookup_ngram: int = CHAIN_NGRAM
+    # Record what the draft attends to in each DraftStep (dflash.decode.attention): bounded, and off by default since
+    # it recomputes the attention weights of every draft layer.
+    trace_attention: bool = False
 
     def __post_init__(self) -> None:
         self._check_prompt()
@@ -118,7 +121,7 @@ class Request:
         if not isinstance(self.stop_ids, (tuple, list)):
             raise ValidationError("stop_ids", f"must be a sequence of token ids, got {self.stop_ids!r}")
         object.__setattr__(self, "stop_ids", _token_ids("stop_ids", self.stop_ids))
-        for name in ("use_draft", "chat_template"):  # a string like "false" would otherwise count as true
+        for name in ("use_draft", "chat_template", "trace_attention"):  # a string like "false" would otherwise count as true
             if not isinstance(getattr(self, name), bool):
                 raise ValidationError(name, f"must be true or false, got {getattr(self, name)!r}")
 

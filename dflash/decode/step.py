@@ -16,6 +16,7 @@ import torch
 
 from dflash.decode import events as ev
 from dflash.decode.adaptive import BlockOutcome
+from dflash.decode.attention import with_texts
 from dflash.decode.proposer import Proposal, Proposer
 from dflash.decode.request import Request
 from dflash.verification.sampling import GUMBEL_TARGET, UNIFORM_ACCEPT, gumbel_noise, uniform_noise
@@ -222,6 +223,8 @@ def run_block(target: Target, run: Run, block: int, chosen: dict[str, tuple[int,
     source, b, reason, proposal = propose(run, chosen)
     yield ev.BlockSize(block=block, size=b, reason=reason, source=source)
     for s in proposal.steps if proposal else []:
+        if s.get("attention"):  # a traced request: the kept context positions' texts
+            s = {**s, "attention": with_texts(s["attention"], run.seq, rec.texts)}
         yield ev.DraftStep(block=block, token_texts=rec.texts(s["tokens"]), **s)
     drafted = proposal.tokens if proposal else []
     t0 = time.perf_counter()

@@ -190,7 +190,8 @@ class DraftAttention(nn.Module):
         return apply_rope(k, positions, inv_freq), v
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
-                ctx_kv: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
+                ctx_kv: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
+                attention: list[torch.Tensor] | None = None) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, self.hd)).transpose(1, 2)
         q = apply_rope(q, positions, inv_freq)  # [B, nh, t, hd]
@@ -198,7 +199,19 @@ class DraftAttention(nn.Module):
         k = torch.cat([ctx_kv[0], k_blk], dim=2)  # [B, kv, ctx + t, hd]
         v = torch.cat([ctx_kv[1], v_blk], dim=2)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False, enable_gqa=self.n_heads != self.n_kv)
+        if attention is not None:  # asked for (a traced request): the weights recomputed; `out` stays SDPA's own
+            attention.append(attention_weights(q, k, mask, self.n_heads // self.n_kv))
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.hd))
+
+
+def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, groups: int) -> torch.Tensor:
+    """The softmax weights scaled_dot_product_attention applies, recomputed in float32: q [B, nh, t, hd],
+    k [B, kv, T, hd] (query head h reads key head h // groups, as enable_gqa does) → [B, nh, t, T]."""
+    k = k.repeat_interleave(groups, dim=1) if groups > 1 else k
+    scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
+    return scores.softmax(-1)
 
 
 class DraftMLP(nn.Module):
@@ -220,8 +233,8 @@ class DraftLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = DraftMLP(cfg)
 
-    def forward(self, x, positions, inv_freq, ctx_kv, mask):
-        x = x + self.self_attn(self.input_layernorm(x), positions, inv_freq, ctx_kv, mask)
+    def forward(self, x, positions, inv_freq, ctx_kv, mask, attention=None):
+        x = x + self.self_attn(self.input_layernorm(x), positions, inv_freq, ctx_kv, mask, attention)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -243,15 +256,18 @@ class DFlashDraftModel(nn.Module):
         return [layer.self_attn.kv(ctx, positions, inv) for layer in self.layers]
 
     def forward(self, block_embeds: torch.Tensor, positions: torch.Tensor,
-                ctx_kv: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor | None = None) -> torch.Tensor:
+                ctx_kv: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor | None = None,
+                attention: list[torch.Tensor] | None = None) -> torch.Tensor:
         """block_embeds [B, t, H] (target embedding of the block tokens) → final hidden [B, t, H].
 
         mask: additive or boolean [B|1, 1, t, ctx + t] (training packs many blocks); None = see everything.
+        attention: a list to receive each layer's attention weights [B, nh, t, ctx + t] (keys: the injected context,
+        then the block); None (the default) computes nothing extra.
         """
         x = block_embeds
         inv = self.inv_freq.to(x.device)
         for layer, kv in zip(self.layers, ctx_kv):
-            x = layer(x, positions, inv, kv, mask)
+            x = layer(x, positions, inv, kv, mask, attention)
         return self.norm(x)
 
 
