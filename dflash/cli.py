@@ -157,7 +157,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
             ids = tuple(int(x) for x in args.prompt_ids.split(",") if x.strip())
         except ValueError:
             raise DFlashError("--prompt-ids: must be comma-separated integers") from None
-    request = Request(prompt=args.prompt or "", prompt_ids=ids, **request_kwargs(args))
+    if args.trace_attention and not args.trace:
+        raise ValidationError("--trace-attention", "needs --trace FILE (the attention is recorded in the trace)")
+    request = Request(prompt=args.prompt or "", prompt_ids=ids, trace_attention=args.trace_attention,
+                      **request_kwargs(args))
     check_model_args(args)
     unused = draft_only_options(args) if args.no_draft else []
     if unused:  # accepted (the same command line can time both runs) but said, never silently dropped
@@ -279,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt-ids", help="raw prompt token ids, comma-separated (no template)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     g.add_argument("--trace", help="write every event as JSON lines to this file")
+    g.add_argument("--trace-attention", action="store_true",
+                   help="with --trace: also record what the draft attends to (per draft layer, each drafted slot's "
+                        "top context positions and its row over the block)")
     add_model_args(g)
     add_engine_args(g)
     g.set_defaults(func=cmd_generate, _parser=g)

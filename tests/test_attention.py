@@ -18,6 +18,8 @@ from dflash.decode.attention import TOP_K, summarize
 from dflash.decode.request import Request
 from dflash.errors import ValidationError
 from dflash.models.draft import apply_rope, attention_weights
+from tests import test_cli
+from tests.cli_support import assert_option_error
 from tests.ui_support import PROMPT, tiny_text_engine
 from ui.replay import TRACE_VERSION, Trace, dumps_trace, load_trace_file, parse_trace
 from ui.trace_schema import TraceError
@@ -178,3 +180,26 @@ def test_the_shipped_draft_proposes_the_same_with_capture(real_target):
         assert x.tokens == y.tokens and x.confidences == pytest.approx(y.confidences, abs=1e-6)
         assert y.attention["heads"] == draft.config.num_attention_heads
         assert len(y.attention["layers"]) == draft.config.num_hidden_layers
+
+
+# -- the CLI: `generate --trace FILE --trace-attention` (tiny models of tests/test_cli.py) -----------------------------
+models, here = test_cli.models, test_cli.here  # its fixtures: a tiny target directory and a draft that fits it
+
+
+def test_cli_records_the_attention_in_its_trace(models, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    base = ["--target", str(models / "target"), "--draft", str(models / "draft"), "--prompt-ids", "5,6,7,8,9",
+            "--max-new-tokens", "8", "--lookup-ngram", "0", "--adaptive", "fixed", "--json", "--trace", str(trace)]
+    proc = test_cli.generate(*base, "--trace-attention")
+    assert proc.returncode == 0, proc.stderr
+    steps = steps_of(parse_trace(trace.read_text()).events)
+    assert steps and all(s.attention is not None and s.attention["anchor"] == s.start for s in steps)
+    assert json.loads(proc.stdout)["output_ids"] == json.loads(test_cli.generate(*base).stdout)["output_ids"]
+    assert all(s.attention is None for s in steps_of(parse_trace(trace.read_text()).events))  # the plain run's trace
+
+
+def test_cli_refuses_the_flag_without_a_trace(models, here):
+    proc = here("--target", str(models / "target"), "--draft", str(models / "draft"), "--prompt-ids", "5,6",
+                "--trace-attention")
+    assert_option_error(proc, "--trace-attention")
+    assert "needs --trace FILE" in proc.stderr

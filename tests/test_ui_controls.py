@@ -12,7 +12,7 @@ from ui.handlers import CONTROL_KEYS
 
 
 def test_every_request_control_has_a_field_and_a_label():
-    assert set(FIELDS) == set(CONTROL_KEYS) - {"preset", "show_rejected", "step_mode", "numerics"} and WHOLE <= set(FIELDS)
+    assert set(FIELDS) == set(CONTROL_KEYS) - {"preset", "show_rejected", "step_mode", "numerics", "trace_attention"} and WHOLE <= set(FIELDS)
     assert set(FIELDS.values()) <= set(Request.__dataclass_fields__) and set(FIELDS) | {"preset"} <= set(text.LABELS)
 
 

@@ -20,7 +20,8 @@ OUT_IDS = ["token-legend", "token-stream", "block-inspector", "block-length-plot
            "position-acceptance-plot", "throughput-plot", "stats", "status", None, None, "history", "replay-step",
            "replay-label", "inspect-block", "export-trace", "export-metrics", "export-history"]
 CONTROL_IDS = ["prompt", "preset", "block-size", "steps", "confidence", "acceptance", "lookup", "adaptive", "min-block",
-               "max-block", "temperature", "top-p", "max-new-tokens", "seed", "show-rejected", "step-mode", "numerics"]
+               "max-block", "temperature", "top-p", "max-new-tokens", "seed", "show-rejected", "step-mode", "numerics",
+               "trace-attention"]
 
 
 @pytest.fixture(scope="module")

@@ -18,11 +18,12 @@ FIELDS = {"prompt": "prompt", "block_size": "block_size", "steps": "diffusion_st
           "max_new_tokens": "max_new_tokens", "seed": "seed"}
 WHOLE = frozenset({"block_size", "steps", "lookup", "min_block", "max_block", "max_new_tokens", "seed"})
 # The checkboxes' values on a fresh page, and for a request that leaves one out (null).
-CHECKBOXES = {"show_rejected": False, "step_mode": False}
+CHECKBOXES = {"show_rejected": False, "step_mode": False, "trace_attention": False}
 # Fields and other names an error may start with, as the page names them.
 _LABEL_OF_FIELD = {field: text.LABELS[key] for key, field in FIELDS.items()} | {
     "preset": text.LABELS["preset"], "compare": "Compare with autoregressive",
     "show_rejected": text.LABELS["show_rejected"], "step_mode": text.LABELS["step_mode"],
+    "trace_attention": text.LABELS["trace_attention"],
     "numerics": text.LABELS["numerics"]}
 # Python's words in a message, and a bound too long to read, in the page's words.
 _PLAIN = {"got None": "got an empty value", f"{MAX_SEED}]": "2^63 - 1]"}
@@ -57,6 +58,11 @@ def shown_rejected(value: Any) -> bool:
 def in_step_mode(value: Any) -> bool:
     """The "Step mode" checkbox as a request sent it (left out: as on a fresh page)."""
     return flag(value, "step_mode", CHECKBOXES["step_mode"])
+
+
+def records_attention(value: Any) -> bool:
+    """The "Record what the draft attends to" checkbox as a request sent it (left out: as on a fresh page)."""
+    return flag(value, "trace_attention", CHECKBOXES["trace_attention"])
 
 
 def whole(value: Any) -> Any:

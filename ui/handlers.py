@@ -28,7 +28,7 @@ from dflash.errors import DFlashError, ValidationError
 from dflash.decode.request import DEFAULTS, Request
 from dflash.loading.zerogpu import zero_gpu
 from . import gpu, plots, render, text, torch_thread
-from .controls import CHECKBOXES, FIELDS, WHOLE, in_step_mode, shown_rejected, whole
+from .controls import CHECKBOXES, FIELDS, WHOLE, in_step_mode, records_attention, shown_rejected, whole
 from .engines import EngineProvider, dtype_name, wait_until_free
 from .exports import history_row, history_table, next_run_id, with_comparison, with_row, write_exports
 from .modes import PAPER, mode_values
@@ -48,7 +48,7 @@ VIEW_KEYS = ("legend", "tokens", "inspector", "block_length", "histogram", "posi
 
 CONTROL_KEYS = ("prompt", "preset", "block_size", "steps", "confidence", "acceptance", "lookup", "adaptive",
                 "min_block", "max_block", "temperature", "top_p", "max_new_tokens", "seed", "show_rejected", "step_mode",
-                "numerics")
+                "numerics", "trace_attention")  # new controls go last: the API's positional parameters keep their places
 
 
 # Status of a Generate or Compare that Stop reached while it waited in the queue (the Stop button shows it too).
@@ -153,7 +153,8 @@ class Playground:
             raise ValidationError("max_new_tokens", f"must be an integer in [1, {cap}] in the playground, got {n!r}")
         if given["prompt"] is not None and not isinstance(given["prompt"], str):
             raise ValidationError("prompt", "must be text")
-        return Request(**{**given, "prompt": given["prompt"] or ""}, deadline_s=self.settings.deadline_s)
+        return Request(**{**given, "prompt": given["prompt"] or ""}, deadline_s=self.settings.deadline_s,
+                       trace_attention=records_attention(values.get("trace_attention")))
 
     def _start(self, engine: Engine, preset: str, request: Request, session: str, look: RunLook):
         """(event stream, its cancel flag) for this session; the flag is dropped again if the start fails."""

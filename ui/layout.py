@@ -158,6 +158,8 @@ def controls_panel(presets: list[str], d: dict[str, Any], max_new_cap: int) -> d
                                          info=text.INFO["show_rejected"], elem_id="show-rejected")
         c["step_mode"] = gr.Checkbox(value=d["step_mode"], label=text.LABELS["step_mode"], info=text.INFO["step_mode"],
                                      elem_id="step-mode")
+        c["trace_attention"] = gr.Checkbox(value=d["trace_attention"], label=text.LABELS["trace_attention"],
+                                           info=text.INFO["trace_attention"], elem_id="trace-attention")
     with gr.Accordion("Draft and verification", open=True):
         c.update(draft_settings(d))
     with gr.Accordion("Adaptive block length (extension)", open=False):

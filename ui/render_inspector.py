@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dflash.decode import events as ev
 from .render import BlockInfo, attr, count, plural, quoted, show_text
+from .render_attention import attention_html
 from .run_state import RunState, as_state
 
 
@@ -106,7 +107,7 @@ def inspector_html(run: RunState | list, block: int | None = None) -> str:
     if info.block == 0 or (info.verify is None and not info.steps):
         return f'<div class="dfl-insp">{summary}{ctrl}</div>'
     key = COPY_KEY if info.size is not None and info.size.source == ev.COPY else KEY
-    return f'<div class="dfl-insp">{summary}{ctrl}{_grid_table(info)}{_verdict_line(info)}{key}</div>'
+    return f'<div class="dfl-insp">{summary}{ctrl}{_grid_table(info)}{_verdict_line(info)}{key}{attention_html(info)}</div>'
 
 
 def _grid_table(info: BlockInfo) -> str:

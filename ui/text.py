@@ -20,7 +20,8 @@ LABELS = {"prompt": "Prompt", "preset": "Model preset", "block_size": "Block siz
           "confidence": "Confidence threshold", "acceptance": "Acceptance threshold", "lookup": "Copy from context",
           "adaptive": "Policy", "min_block": "Min block size", "max_block": "Max block size", "temperature": "Temperature",
           "top_p": "Top-p", "max_new_tokens": "Max new tokens", "seed": "Seed",
-          "show_rejected": "Show rejected draft tokens", "step_mode": "Step mode", "mode": "Mode", "numerics": "Numerics"}
+          "show_rejected": "Show rejected draft tokens", "step_mode": "Step mode", "mode": "Mode", "numerics": "Numerics",
+          "trace_attention": "Record what the draft attends to"}
 
 # The numerics switch's choices (ui/layout.py): the target's dtype and what it means for the output.
 NUMERICS = {"float32": "float32 · exact", "bfloat16": "bfloat16 · fast"}
@@ -55,6 +56,8 @@ INFO = {
              "tokens are accepted)."),
     "show_rejected": "Also show the draft tokens the target rejected, struck through, before each correction.",
     "step_mode": "Record the run without animating, then step through it one draft/verify step at a time with Next ▶.",
+    "trace_attention": ("Keep each draft layer's attention over the target's injected context and the block; the block "
+                        "inspector shows it. Drafting does a little more work, and the trace grows."),
     "mode": ("Paper method: the draft alone at its trained block size, as the paper runs it. Fastest here: the "
              "settings the command line and the API use by default."),
     "numerics": ("float32: DFlash's answer equals plain decoding's token for token. bfloat16: faster here; the two can "
