@@ -8,7 +8,7 @@ playground: setup
 	.venv/bin/python app.py
 
 test: setup
-	.venv/bin/python -m pytest -q --durations=30
+	.venv/bin/python -m pytest -q -n auto --maxprocesses 4 --dist worksteal --durations=30
 
 test-fast: setup
-	.venv/bin/python -m pytest -q -m "not slow and not browser"
+	.venv/bin/python -m pytest -q -n auto --maxprocesses 4 -m "not slow and not browser"

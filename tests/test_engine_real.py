@@ -3,6 +3,8 @@ draft sized for it emits exactly the no-draft output. Marked slow: it needs the 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -48,7 +50,8 @@ def all_cores():
     from dflash.loading.host import usable_cores
 
     before = torch.get_num_threads()
-    torch.set_num_threads(usable_cores())
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # pytest -n: the cores are shared by the workers
+    torch.set_num_threads(max(1, usable_cores() // workers))
     yield
     torch.set_num_threads(before)
 
@@ -78,7 +81,7 @@ def float32_engine(real_target) -> Engine:
     return _shipped_engine(real_target, torch.float32, "transposed")
 
 
-def _compare_on_prompts(engine: Engine, n_prompts: int = 6, max_new_tokens: int = 48, **sampling) -> list[dict | None]:
+def _compare_on_prompts(engine: Engine, n_prompts: int = 4, max_new_tokens: int = 48, **sampling) -> list[dict | None]:
     """DFlash against the no-draft loop on MT-Bench prompts (greedy unless `sampling` gives a temperature and seed):
     the diagnosis of each (None: identical)."""
     from dflash.loading.datasets import load_prompts
@@ -98,7 +101,7 @@ def _compare_on_prompts(engine: Engine, n_prompts: int = 6, max_new_tokens: int 
 def test_float32_with_the_transposed_layout_is_identical_on_real_prompts(float32_engine):
     """The exact mode: whichever decoder layout the host probe picks, greedy DFlash with the shipped draft equals
     the no-draft output token for token."""
-    assert _compare_on_prompts(float32_engine) == [None] * 6
+    assert _compare_on_prompts(float32_engine) == [None] * 4
 
 
 def test_every_bfloat16_difference_is_a_diagnosed_numerical_tie(bfloat16_engine):

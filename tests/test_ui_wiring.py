@@ -43,8 +43,10 @@ def test_generate_takes_the_controls_by_name_in_their_order(demo):
 
 
 def test_every_redrawing_endpoint_returns_the_same_outputs(demo):
-    for name in ("generate", "compare", "load_trace", "upload_trace"):
+    for name in ("generate", "load_trace", "upload_trace"):
         assert [getattr(c, "elem_id", None) for c in fn(demo, name).outputs] == OUT_IDS, name
+    for name in ("compare", "compare_exactly"):  # … and the exact re-run's button, offered after a tie
+        assert [getattr(c, "elem_id", None) for c in fn(demo, name).outputs] == OUT_IDS + ["exact-rerun"], name
     for name in ("show_frame", "step_prev", "step_next", "play"):  # … and the Play / Pause buttons they switch
         assert [getattr(c, "elem_id", None) for c in fn(demo, name).outputs] == OUT_IDS + ["play", "pause"], name
     assert fn(demo, "compare").concurrency_id == fn(demo, "generate").concurrency_id == "engine"
