@@ -19,7 +19,8 @@ from dflash.loading.registry import draft_dir_problem, looks_like_hub_id
 from dflash.decode.request import DEFAULTS, VERIFY_RULES
 
 # Subcommands living in their own packages: module path → function adding the parser.
-SUBCOMMANDS = {"bench": "dflash.bench.cli", "train": "dflash.training.cli", "draft": "dflash.loading.export"}
+SUBCOMMANDS = {"bench": "dflash.bench.cli", "sweep": "dflash.bench.sweep_cli", "train": "dflash.training.cli",
+               "draft": "dflash.loading.export"}
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:

@@ -171,7 +171,7 @@ def test_done_cells_are_read_back_not_run_again(engine, measured, monkeypatch):
     monkeypatch.setattr(engine, "generate", lambda req, *a: calls.append(req) or original(req, *a))
     done = {c.key: c for c in cells[:3]}
     again, reports = measure(engine, spec, done=done)
-    assert again[:3] == cells[:3] and all(a is b for a, b in zip(again, cells[:3]))
+    assert again[:3] == cells[:3] and all(a is b for a, b in zip(again[:3], cells[:3], strict=True))
     assert [r.message for r in reports[:3]] == [f"cell {i}/4 read back ({c.key})" for i, c in enumerate(cells[:3], 1)]
     timed = [r for r in calls if r.max_new_tokens == 20]  # the warm-up runs 16
     assert len(timed) == 2 * 2 * 2 and {r.acceptance_threshold for r in timed} == {LOSSY}
@@ -253,3 +253,64 @@ def test_host_costs_time_the_engine_when_no_probe_did(engine):
     step, verify = host_costs(engine)
     assert 0 < step < 10 and 0 < verify < 10
     assert estimate_seconds(spec_of(("block_size", (2,))), step, verify) > 0
+
+
+# -- the chart --------------------------------------------------------------------------------------------------------
+def _texts(fig) -> list[str]:
+    return [t.get_text() for ax in fig.axes for t in ax.texts]
+
+
+def test_one_axis_draws_lines_with_quartile_error_bars(engine, tmp_path):
+    from dflash.bench.sweep_plot import sweep_figure
+
+    spec = spec_of(("block_size", (2, 4, 8)), max_new_tokens=4, repeats=2, prompts=PROMPTS[:1])
+    cells, _ = measure(engine, spec)
+    doc = sweep_result(spec, cells, host={}, models=MODELS)
+    fig = sweep_figure(doc)
+    (ax,) = fig.axes
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["2", "4", "8"] and ax.get_xlabel() == "block size"
+    line = ax.lines[0]
+    assert list(line.get_ydata()) == [c.speedup[0] for c in cells]
+    bars = ax.collections[0].get_segments()  # the error bars: q25 to q75
+    ends = [y for s in bars for y in (s[0][1], s[1][1])]
+    assert ends == pytest.approx([q for c in cells for q in (c.speedup[1], c.speedup[2])])
+    assert sum("n=2" in t for t in _texts(fig)) == 3
+    labels = ax.get_legend_handles_labels()[1]
+    assert "best lossless" in labels and "default" in labels  # block 8 is the trained size: the default
+    assert f"★ best lossless: {doc['best']}" in fig._supxlabel.get_text()
+    fig.savefig(tmp_path / "one.png")
+    assert (tmp_path / "one.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_two_axes_draw_a_heatmap_with_value_and_n_per_cell(measured, tmp_path):
+    from dflash.bench.sweep_plot import sweep_figure
+
+    spec, cells, _ = measured
+    doc = sweep_result(spec, cells[:3], host={}, models=MODELS)  # one cell not measured yet
+    fig = sweep_figure(doc, "tau")
+    heat, bar = fig.axes
+    assert heat.get_xlabel() == "block size" and heat.get_ylabel() == "acceptance threshold"
+    texts = _texts(fig)
+    assert len(texts) == 4 and texts[-1] == "not\nmeasured"
+    for c, text in zip(cells[:3], texts, strict=False):
+        assert f"{c.tau[0]:.2f}" in text and "n=4" in text and ("lossy" in text) == c.lossy
+    assert sum(t.startswith("★") for t in texts) == 1
+    assert bar.get_ylabel().startswith("τ")
+    fig.savefig(tmp_path / "two.svg")
+    with pytest.raises(ValueError, match="metric"):
+        sweep_figure(doc, "ttft")
+
+
+def test_three_axes_draw_one_heatmap_per_value_of_the_third(engine):
+    from dflash.bench.sweep_plot import sweep_figure
+
+    spec = spec_of(("block_size", (2, 8)), ("acceptance_threshold", (1.0, LOSSY)), ("lookup_ngram", (0, 2, 3)),
+                   max_new_tokens=4, repeats=1, prompts=PROMPTS[:1])
+    cells, _ = measure(engine, spec)
+    doc = sweep_result(spec, cells, host={}, models=MODELS)
+    fig = sweep_figure(doc)
+    assert [ax.get_title() for ax in fig.axes[:3]] == ["copy n-gram = 0 (off)", "copy n-gram = 2", "copy n-gram = 3"]
+    assert len(fig.axes) == 4 and len(_texts(fig)) == 12  # three heatmaps of 2 × 2 and the shared colour bar
+    outlined = [p for ax in fig.axes for p in ax.patches]
+    assert len(outlined) == 2  # the best lossless cell and the default (block 8, exact, n-gram 2)
+    assert doc["default"] == "block_size=8|acceptance_threshold=1.0|lookup_ngram=2"

@@ -105,15 +105,22 @@ def _random_draft(engine, layers: int):
     return Engine(tg, DFlashDraftModel(cfg), name=engine.name)
 
 
-def _result_paths(args) -> tuple[Path, Path]:
-    """Both output paths, checked before any model loads: the files are first written after the first prompt. The
-    table's default path (the output's, with .md) is checked as a given --markdown is."""
+def json_output(args) -> Path:
+    """--output: a .json file in an existing folder, replaced only with --overwrite or continued with --resume (bench,
+    sweep)."""
     out = Path(args.output)
     if out.suffix != ".json":
         raise ValidationError("output", f"must end in .json, got {args.output!r}")
     check_output_path("output", out)
     if out.exists() and not (args.resume or args.overwrite):
         raise ValidationError("output", f"{args.output} exists: pass --resume to continue it or --overwrite to replace it")
+    return out
+
+
+def _result_paths(args) -> tuple[Path, Path]:
+    """Both output paths, checked before any model loads: the files are first written after the first prompt. The
+    table's default path (the output's, with .md) is checked as a given --markdown is."""
+    out = json_output(args)
     md = out.with_suffix(".md") if args.markdown is None else Path(args.markdown)
     shown = f"{md} (the default: --output with .md)" if args.markdown is None else args.markdown
     check_output_path("markdown", md, shown)

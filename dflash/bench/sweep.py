@@ -132,7 +132,7 @@ class SweepSpec:
         """Every cell's setting {name: value} in grid order: the x axis varies fastest, the facet slowest."""
         names = [n for n, _ in self.axes]
         combos = itertools.product(*[v for _, v in reversed(self.axes)])
-        return [dict(zip(names, reversed(c))) for c in combos]
+        return [dict(zip(names, reversed(c), strict=True)) for c in combos]
 
     def to_dict(self) -> dict:
         return {"axes": [[n, list(v)] for n, v in self.axes], "prompts": [p if isinstance(p, str) else list(p)
