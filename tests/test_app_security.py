@@ -76,8 +76,9 @@ def test_exports_are_written_to_gradio_temp_files_without_user_text(app):
 
     assert export_root.resolve().is_relative_to(Path(get_upload_folder()).resolve())
     written = sorted(p.name for p in export_root.glob("run-*/*"))
-    # (a loaded trace's files are named by where it came from: bundled or upload)
-    assert written and all(re.fullmatch(r"dflash-((run\d+|bundled|upload)-(trace\.json|metrics\.csv)|history\.csv)", n)
+    # (a loaded trace's files are named by where it came from: bundled or upload; a sweep's are fixed names)
+    assert written and all(re.fullmatch(r"dflash-((run\d+|bundled|upload)-(trace\.json|metrics\.csv)|history\.csv|"
+                                        r"sweep\.(json|csv))", n)
                            for n in written)
     for key in ("export_trace", "export_metrics", "export_history"):
         name = Path(out[key]).name

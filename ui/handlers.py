@@ -70,6 +70,7 @@ class Settings:
     session_idle_s: float = 3600.0  # a session's trace unused this long is let go
     exports_mb: float = 1024.0  # the export folder's files, all sessions together (oldest removed first)
     waiting_generations: int = 8  # Generate / Compare requests waiting in the queue, all sessions together
+    sweep_max_s: float = 300.0  # a sweep whose estimated time is longer is refused (ui/sweep_tab.py)
 
     def __post_init__(self):
         negative = [f.name for f in dataclasses.fields(self) if getattr(self, f.name) < 0]

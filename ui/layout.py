@@ -26,6 +26,7 @@ from .modes import CUSTOM, MODE_KEYS, MODES, PAPER, mode_note
 from .render import TOKEN_TEMPLATE
 from .replay import bundled_choices
 from .step_view import STEP_JS, replay_tab, step_bar
+from .sweep_tab import initial_estimate, sweep_tab, wire_sweep
 from .wiring import OUT_KEYS, acceptance_label, wire
 from .wiring_modes import wire_modes
 
@@ -113,9 +114,11 @@ def build_demo(engines: EngineProvider | Mapping[str, Engine] | Loader | None = 
                 with gr.Tabs():
                     ui.update(replay_tab(bundled_choices()))
                     ui.update(history_tab())
+                    ui.update(sweep_tab(initial_estimate(pg, initial), settings.max_new_tokens))
                     guide_tabs()
         demo.gen_event = wire(demo, pg, ui, initial)
         wire_modes(pg, ui)
+        wire_sweep(pg, ui)
         demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=4)
         demo.playground = pg  # for tests and notebooks
     return demo

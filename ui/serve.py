@@ -31,7 +31,8 @@ HOST_ENV, DEFAULT_HOST = "GRADIO_SERVER_NAME", "127.0.0.1"
 LIMITS = {"DFLASH_TRACE_MEMORY_MB": ("trace_memory_mb", 1, 256, 10**6),
           "DFLASH_IDLE_MINUTES": ("session_idle_s", 60, 1, 7 * 24 * 60),
           "DFLASH_EXPORTS_MB": ("exports_mb", 1, 64, 10**6),
-          "DFLASH_WAITING": ("waiting_generations", 1, 1, 8)}
+          "DFLASH_WAITING": ("waiting_generations", 1, 1, 8),
+          "DFLASH_SWEEP_MAX_SECONDS": ("sweep_max_s", 1, 10, 7 * 24 * 3600)}
 PROG = "dflash-playground"
 
 
@@ -43,6 +44,13 @@ def _port(text: str) -> int:
     if not 1 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"must be a port number in [1, 65535], got {text!r}")
     return port
+
+
+def _sweep_seconds(text: str) -> int:
+    _, _, lo, hi = LIMITS["DFLASH_SWEEP_MAX_SECONDS"]
+    if not text.isdigit() or not lo <= int(text) <= hi:
+        raise argparse.ArgumentTypeError(f"must be a whole number of seconds in [{lo}, {hi}], got {text[:40]!r}")
+    return int(text)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,13 +68,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         epilog="Environment: DFLASH_THREADS (torch's CPU threads), DFLASH_DTYPE (float32 = exact | bfloat16 = fast), "
                "DFLASH_PROBE (0: skip the CPU settings probe; refresh: measure again), DFLASH_PRESETS (presets visitors "
                "may load besides the default, or 'all'), DFLASH_DRAFT (as --draft); the server's limits "
-               "DFLASH_TRACE_MEMORY_MB, DFLASH_IDLE_MINUTES, DFLASH_EXPORTS_MB, DFLASH_WAITING (docs/deploy.md).")
+               "DFLASH_TRACE_MEMORY_MB, DFLASH_IDLE_MINUTES, DFLASH_EXPORTS_MB, DFLASH_WAITING, DFLASH_SWEEP_MAX_SECONDS "
+               "(docs/deploy.md).")
     parser.add_argument("--draft", metavar="DIR", default=os.environ.get(DRAFT_ENV) or None,
                         help="serve the default target with this DFlash draft directory (config.json + "
                              "model.safetensors, e.g. what `python -m dflash train fit --out DIR` wrote) instead of "
                              "the shipped draft")
     parser.add_argument("--port", type=_port, default=None,
                         help=f"port to serve on (default: GRADIO_SERVER_PORT, else {DEFAULT_PORT})")
+    parser.add_argument("--sweep-max-seconds", type=_sweep_seconds, default=None, metavar="N",
+                        help="refuse a Sweep whose estimated time is longer (default: DFLASH_SWEEP_MAX_SECONDS, "
+                             "else 300)")
     args = parser.parse_args(argv)
     if args.port is None:
         try:
@@ -88,6 +100,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             if value is None or not lo <= value <= hi:
                 parser.error(f"{name}: must be a whole number in [{lo}, {hi}], got {raw[:40]!r}")
             args.limits[field] = value * unit
+    if args.sweep_max_seconds is not None:  # the flag over the variable
+        args.limits["sweep_max_s"] = args.sweep_max_seconds
     return args
 
 
