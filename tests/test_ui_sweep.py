@@ -114,6 +114,17 @@ def test_cells_of_the_same_spec_are_read_back_not_run_again(local):
     assert "read back" not in other[-1]["sweep_progress"]
 
 
+def test_stop_ends_the_sweep_keeping_the_finished_cells(local):
+    outs = []
+    for out in local.runner.run(form(sweep_max_new=5), PAGE, {}, "speedup", "stopper"):
+        outs.append(out)
+        if "sweep_result" in out:  # the first cell is in: Stop, as the tab's button does
+            local.demo.playground.stop("stopper")
+    assert "Stopped: 1 of 4 cells measured, kept" in outs[-1]["sweep_progress"]
+    assert len(outs[-1]["sweep_result"]["cells"]) == 1 and len(outs[-1]["sweep_table"]) == 1
+    assert load_sweep(Path(outs[-1]["sweep_json"]).read_text(encoding="utf-8"))["complete"] is False
+
+
 def test_a_sweep_past_the_servers_limit_is_refused_before_it_runs():
     demo = build_demo({"default": tiny_text_engine(block_size=8)}, settings=Settings(sweep_max_s=0))
     try:
