@@ -334,6 +334,7 @@ def option_words(args: argparse.Namespace, message: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given: a result file records its command
     if extra:  # said by the subcommand's parser: its --help lists the options (the top level's lists subcommands)
         (getattr(args, "_parser", None) or parser).error(f"unrecognized arguments: {' '.join(extra)}")
     try:

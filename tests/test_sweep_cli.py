@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import shlex
 import subprocess
 import sys
 import time
@@ -53,6 +54,7 @@ def test_a_two_by_one_grid_end_to_end(models, tmp_path):
     assert doc["best"] in {c["key"] for c in doc["cells"]} and doc["models"]["trained_block_size"] == 6
     assert doc["host"]["cpu_model"] and doc["spec"]["conditions"]["dtype"] == "float32"
     assert "estimate: at most" in proc.stderr and proc.stderr.count("identical") == 2
+    assert doc["command"] == shlex.join(["python", "-m", "dflash", *proc.args[3:]])  # as typed: to run it again
     assert f"best lossless: {doc['best']}" in proc.stdout
     rows = csv.read_text().splitlines()
     assert len(rows) == 3 and rows[0].startswith("block_size,lookup_ngram,key,n,")

@@ -68,12 +68,10 @@ def table_rows(result: dict | None) -> list[list[Any]]:
 
 
 def figure(result: dict | None, metric: Any = "speedup") -> Any:
-    """The chart of `result` (None: nothing yet), a bare matplotlib Figure that Gradio renders."""
-    if not result or not result.get("cells"):
-        return None
-    from dflash.bench.sweep_plot import sweep_figure  # matplotlib: loaded with the first chart
+    """The chart of `result` (None: nothing yet): plotly, so that a hover gives each cell's numbers."""
+    from .sweep_chart import sweep_chart
 
-    return sweep_figure(result, metric if metric in METRICS else "speedup")
+    return sweep_chart(result, metric)
 
 
 def pick_choices(result: dict | None) -> list[tuple[str, str]]:

@@ -245,7 +245,7 @@ def _measure(args, spec: SweepSpec, engine_for, done: dict, out: Path, host: dic
     from dflash.bench.sweep import run_sweep
 
     cells = dict(done)
-    command = shlex.join(["python", "-m", "dflash", "sweep", *sys.argv[1:]])
+    command = shlex.join(["python", "-m", "dflash", *args.argv])
     bar = tqdm(total=2 * len(spec.cells()) * len(spec.prompts) * spec.repeats, unit="run", disable=args.no_progress,
                file=sys.stderr, dynamic_ncols=True)
     try:

@@ -7,8 +7,9 @@ are marked. Built on a bare `Figure` (the Agg canvas), so no pyplot state or dis
 from __future__ import annotations
 
 import math
+import textwrap
 
-from matplotlib.colors import Normalize, TwoSlopeNorm
+from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
@@ -34,20 +35,25 @@ def sweep_figure(result: dict, metric: str = "speedup") -> Figure:
         fig = _heatmaps(axes, cells, marks, metric)
     n = sorted({c["n"] for c in result["cells"]})
     models = result.get("models") or {}
-    who = " · ".join(str(models[k]) for k in ("target", "draft", "dtype", "device") if models.get(k))
+    who = " · ".join(model_name(models[k]) for k in ("target", "draft", "dtype", "device") if models.get(k))
     count = f"n = {n[0]}" if len(n) == 1 else f"n = {n[0]}–{n[-1]}" if n else "no cells measured"
     fig.suptitle(f"{METRICS[metric]}\nmedian of {count} per cell (prompts × repeats)", fontsize=10)
-    fig.supxlabel(_legend(marks) + (f"\n{who}" if who else ""), fontsize=8, color="#444")
+    fig.supxlabel(_legend(marks) + (f"\n{textwrap.fill(who, 60)}" if who else ""), fontsize=8, color="#444")
     return fig
 
 
+def model_name(where: object) -> str:
+    """A model's file or folder name, not the path it had on the machine that measured."""
+    return str(where).rstrip("/").rsplit("/", 1)[-1]
+
+
 def _legend(marks: dict) -> str:
-    best = f"★ best lossless: {marks['best']}" if marks["best"] else "no lossless cell with identical output"
+    best = f"★ best lossless: {marks['best']}" if marks["best"] else "no lossless cell with identical output (up to ties)"
     default = f"◇ default: {marks['default']}" if marks["default"] else "the default is not in the grid"
     return f"{best}\n{default}"
 
 
-def _ticks(name: str, values: list) -> list[str]:
+def ticks(name: str, values: list) -> list[str]:
     return [f"{v} (off)" if name == "lookup_ngram" and v == 0 else str(v) for v in values]
 
 
@@ -69,7 +75,7 @@ def _lines(axis: list, cells: dict, marks: dict, metric: str) -> Figure:
                     markeredgewidth=2, linestyle="none", label="default")
     if metric == "speedup":
         ax.axhline(1.0, color="#c00", linestyle="--", linewidth=1, label="no draft")
-    ax.set_xticks(range(len(values)), _ticks(name, values))
+    ax.set_xticks(range(len(values)), ticks(name, values))
     ax.set_xlim(-0.4, len(values) - 0.3)  # room for the last point's numbers
     ax.set_xlabel(NAMES.get(name, name))
     ax.set_ylabel(METRICS[metric])
@@ -78,10 +84,17 @@ def _lines(axis: list, cells: dict, marks: dict, metric: str) -> Figure:
     return fig
 
 
-def _heatmaps(axes: list, cells: dict, marks: dict, metric: str) -> Figure:
+def cell_grids(axes: list, cells: dict) -> tuple[list, list]:
+    """Two or three axes → (facets, grids): the third axis's (name, value) per panel (one None panel for two axes),
+    and per panel the cells [y][x] (None: not measured). The playground's interactive chart draws the same grids."""
     (xn, xv), (yn, yv) = axes[0], axes[1]
     facets = [(axes[2][0], f) for f in axes[2][1]] if len(axes) == 3 else [None]
-    grids = [[[_cell(cells, xn, x, yn, y, facet) for x in xv] for y in yv] for facet in facets]
+    return facets, [[[_cell(cells, xn, x, yn, y, facet) for x in xv] for y in yv] for facet in facets]
+
+
+def _heatmaps(axes: list, cells: dict, marks: dict, metric: str) -> Figure:
+    (xn, xv), (yn, yv) = axes[0], axes[1]
+    facets, grids = cell_grids(axes, cells)
     found = [c[metric][0] for g in grids for row in g for c in row if c is not None]
     norm = _norm(found, metric)
     cols = min(len(facets), 3)
@@ -97,15 +110,19 @@ def _heatmaps(axes: list, cells: dict, marks: dict, metric: str) -> Figure:
         for i, row in enumerate(grid):
             for j, c in enumerate(row):
                 _annotate(ax, image, j, i, c, marks, metric)
-        ax.set_xticks(range(len(xv)), _ticks(xn, xv))
-        ax.set_yticks(range(len(yv)), _ticks(yn, yv))
+        ax.set_xticks(range(len(xv)), ticks(xn, xv))
+        ax.set_yticks(range(len(yv)), ticks(yn, yv))
         ax.set_xlabel(NAMES.get(xn, xn))
         ax.set_ylabel(NAMES.get(yn, yn))
         if facet is not None:
-            ax.set_title(f"{NAMES.get(facet[0], facet[0])} = {_ticks(*facet[:1], [facet[1]])[0]}", fontsize=10)
+            ax.set_title(facet_title(facet), fontsize=10)
     if image is not None and found:
         fig.colorbar(image, ax=fig.axes, shrink=0.85, label=METRICS[metric])
     return fig
+
+
+def facet_title(facet: tuple) -> str:
+    return f"{NAMES.get(facet[0], facet[0])} = {ticks(facet[0], [facet[1]])[0]}"
 
 
 def _cell(cells: dict, xn: str, x, yn: str, y, facet: tuple | None) -> dict | None:
@@ -113,12 +130,18 @@ def _cell(cells: dict, xn: str, x, yn: str, y, facet: tuple | None) -> dict | No
     return cells.get(cell_key(setting))
 
 
-def _norm(values: list[float], metric: str) -> Normalize:
-    """Speedup: red below 1 (slower than no draft), green above, centred on 1; else a plain scale."""
+def value_range(values: list[float], metric: str) -> tuple[float, float]:
+    """The colour scale's ends. Speedup: centred on 1, so that red is slower than no draft and green faster
+    (all cells faster: all green); else the values' own range."""
     lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
-    if metric == "speedup" and lo < 1.0 < hi:
-        return TwoSlopeNorm(1.0, lo, hi)
-    return Normalize(lo, hi if hi > lo else lo + 1e-9)
+    if metric == "speedup":
+        span = max(hi - 1.0, 1.0 - lo, 0.05)
+        return 1.0 - span, 1.0 + span
+    return lo, hi if hi > lo else lo + 1e-9
+
+
+def _norm(values: list[float], metric: str) -> Normalize:
+    return Normalize(*value_range(values, metric))
 
 
 def _annotate(ax, image, x: int, y: int, c: dict | None, marks: dict, metric: str) -> None:

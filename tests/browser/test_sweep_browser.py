@@ -32,6 +32,21 @@ def fill_number(page, elem_id: str, value: int) -> None:
     box.press("Tab")
 
 
+def hover_text(page, target, fx: float, fy: float) -> str:
+    """The plotly tooltip at a point of `target` (fractions of its box). The chart may still be redrawn by the
+    sweep's last update, which drops a tooltip shown before it: hover again until one stays."""
+    tip = page.locator("#sweep-plot .hovertext")
+    for _ in range(20):
+        target.scroll_into_view_if_needed()  # (plotly's drag layer above the cells takes the pointer: move the mouse)
+        box = target.bounding_box()
+        page.mouse.move(box["x"] + box["width"] * fx, box["y"] + box["height"] * fy, steps=4)
+        page.wait_for_timeout(250)
+        if tip.count():
+            return tip.first.text_content()
+        page.mouse.move(0, 0)
+    raise AssertionError("no tooltip over the chart")
+
+
 def test_a_two_by_two_sweep_end_to_end(app, browser, tmp_path):
     page = open_page(browser, app)
     try:
@@ -48,7 +63,11 @@ def test_a_two_by_two_sweep_end_to_end(app, browser, tmp_path):
         bar = progress.locator("progress")
         expect(bar).to_have_attribute("max", "4")
         expect(bar).to_have_attribute("value", "4")
-        expect(page.locator("#sweep-plot img")).to_be_visible()  # the heatmap (matplotlib: a PNG)
+        heatmap = page.locator("#sweep-plot .js-plotly-plot .hm")  # the heatmap, drawn by plotly
+        expect(heatmap).to_be_visible()
+        expect(page.locator("#sweep-plot")).to_contain_text("best lossless")
+        # Hover the first cell (block size 4, copy off): its numbers and sample count.
+        assert re.search(r"block_size=4\|lookup_ngram=0.*n = 1", hover_text(page, heatmap, 0.25, 0.75), re.S)
         rows = page.locator("#sweep-table [role=row]")  # the header and a row per cell
         expect(rows).to_have_count(5)
         # Pick the cell block size 4, copy 2 by its row, apply it: the playground's controls take its settings.
