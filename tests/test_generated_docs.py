@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GENERATED = ("README.md", "BENCHMARKS.md", "assets/draft-smollm2-135m/TRAINING.md",
              "assets/draft-smollm2-135m/evaluation.json")
 SCRIPTS = (["scripts/training_report.py"], ["scripts/benchmarks_headline.py"], ["scripts/host_settings.py", "table"],
-           ["scripts/gpu_report.py"])
+           ["scripts/gpu_report.py"], ["scripts/sweep_report.py"])
 
 
 def test_the_generated_documents_are_what_their_scripts_make_of_the_committed_results(tmp_path):
@@ -31,7 +31,7 @@ def test_the_generated_documents_are_what_their_scripts_make_of_the_committed_re
         assert run.returncode == 0, run.stderr
     stale = [name for name in GENERATED if (copy / name).read_text() != (ROOT / name).read_text()]
     assert not stale, f"regenerate {stale}: python scripts/training_report.py && python scripts/benchmarks_headline.py " \
-                      "&& python scripts/host_settings.py table && python scripts/gpu_report.py"
+                      "&& python scripts/host_settings.py table && python scripts/gpu_report.py && python scripts/sweep_report.py"
 
 
 # -- sizes: documents a newcomer reads through ------------------------------------------------------------------------

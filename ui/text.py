@@ -143,6 +143,15 @@ Then press **Compare with autoregressive** to time the same request again with a
 and see the speedup and whether the answers are identical (a difference is diagnosed as a numerical tie or an error).
 No compute in the room? Load a **bundled trace** in *Replay* and use **Next ▶** to walk through a recorded run step by
 step.
+
+**What the draft attends to** — tick **Record what the draft attends to** before Generate. The inspector then shows,
+for each drafted slot, the context tokens it reads most. Those keys and values come from the target's hidden states:
+the KV injection that conditions the draft on the target.
+
+**Tuning by measurement** — one run is one noisy sample. The **Sweep** tab runs a grid of settings (for example block
+size × copy n-gram) over several prompts and repeats, each run beside a no-draft run. It draws the median speedup per
+cell, marks the fastest lossless one, and **Apply** sets the playground to it. `python -m dflash sweep` does the same
+from a shell; BENCHMARKS.md shows one such sweep on the default models.
 """
 
 NUMBERS = """### What the numbers mean
