@@ -81,7 +81,7 @@ def float32_engine(real_target) -> Engine:
     return _shipped_engine(real_target, torch.float32, "transposed")
 
 
-def _compare_on_prompts(engine: Engine, n_prompts: int = 4, max_new_tokens: int = 48, **sampling) -> list[dict | None]:
+def _compare_on_prompts(engine: Engine, n_prompts: int = 4, max_new_tokens: int = 40, **sampling) -> list[dict | None]:
     """DFlash against the no-draft loop on MT-Bench prompts (greedy unless `sampling` gives a temperature and seed):
     the diagnosis of each (None: identical)."""
     from dflash.loading.datasets import load_prompts

@@ -44,9 +44,13 @@ def test_the_probe_times_every_candidate_and_keeps_the_fastest(tmp_path):
     best = probe.choose(s.candidates, 4)
     assert best["score_ms"] <= (1 + probe.CLOSE) * min(r["score_ms"] for r in s.candidates)
     assert (s.dtype, s.threads, s.layout) == (best["dtype"], best["threads"], best["layout"])
-    for r in s.candidates:
+    for i, r in enumerate(s.candidates):
         ms = {n: r[k] for n, k in ((1, "step_ms"), (2, "verify2_ms"), (4, "verify_ms")) if r[k] is not None}
-        assert all(v > 0 for v in ms.values()) and r.get("partial", False) == (len(ms) < 3)
+        assert all(v > 0 for v in ms.values()) and 1 in ms
+        # Missing sizes: a candidate dropped early says `partial`; a fewer-threads row (after the first two) is not
+        # timed again at a verify size whose first timing was far behind (probe.deciding_sizes), and is complete.
+        assert len(ms) == 3 or r.get("partial") or (i >= 2 and len(ms) == 2), r
+        assert not r.get("partial") or len(ms) < 3
         assert r["score_ms"] == pytest.approx(probe.lower_bound(ms, [1, 2, 4], 4), abs=0.02)
     assert not best.get("partial")
     assert torch.get_num_threads() == before  # the probe leaves the process as it found it …
