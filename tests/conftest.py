@@ -12,7 +12,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import torch
+
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    # pytest -n: the workers share the cores, so a worker's OpenMP threads should sleep, not spin, while they wait
+    # (read when torch loads OpenMP, below; the CLIs and apps the tests start inherit it).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 
 def _own_cache() -> str:

@@ -81,7 +81,7 @@ def float32_engine(real_target) -> Engine:
     return _shipped_engine(real_target, torch.float32, "transposed")
 
 
-def _compare_on_prompts(engine: Engine, n_prompts: int = 3, max_new_tokens: int = 40, **sampling) -> list[dict | None]:
+def _compare_on_prompts(engine: Engine, n_prompts: int = 2, max_new_tokens: int = 40, **sampling) -> list[dict | None]:
     """DFlash against the no-draft loop on MT-Bench prompts (greedy unless `sampling` gives a temperature and seed):
     the diagnosis of each (None: identical)."""
     from dflash.loading.datasets import load_prompts
@@ -101,7 +101,7 @@ def _compare_on_prompts(engine: Engine, n_prompts: int = 3, max_new_tokens: int 
 def test_float32_with_the_transposed_layout_is_identical_on_real_prompts(float32_engine):
     """The exact mode: whichever decoder layout the host probe picks, greedy DFlash with the shipped draft equals
     the no-draft output token for token."""
-    assert _compare_on_prompts(float32_engine) == [None] * 3
+    assert _compare_on_prompts(float32_engine) == [None] * 2
 
 
 def test_every_bfloat16_difference_is_a_diagnosed_numerical_tie(bfloat16_engine):
