@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from dflash.bench.sweep import cell_key
-from dflash.bench.sweep_plot import METRICS, NAMES, cell_grids, facet_title, ticks, value_range
+from dflash.bench.sweep_plot import METRICS, NAMES, cell_grids, facet_title, legend, ticks, value_range
 
 
 def hover(c: dict, metric: str) -> str:
@@ -76,8 +76,7 @@ def sweep_chart(result: dict | None, metric: Any = "speedup") -> go.Figure | Non
     axes, cells = result["spec"]["axes"], {c["key"]: c for c in result["cells"]}
     marks = {"best": result.get("best"), "default": result.get("default")}
     fig = _lines(axes[0], cells, marks, metric) if len(axes) == 1 else _heatmaps(axes, cells, marks, metric)
-    best = f"★ best lossless: {marks['best']}" if marks["best"] else "no lossless cell with identical output (up to ties)"
-    default = f"◇ default: {marks['default']}" if marks["default"] else "the default is not in the grid"
+    best, default = legend(marks)
     fig.update_layout(template="none", height=420, margin={"l": 70, "r": 20, "t": 80, "b": 60},
                       title={"text": f"{METRICS[metric]}, median per cell<br><sup>{html.escape(best)} · "
                                      f"{html.escape(default)} · hover a cell for its numbers</sup>", "x": 0.01})

@@ -38,7 +38,7 @@ def sweep_figure(result: dict, metric: str = "speedup") -> Figure:
     who = " · ".join(model_name(models[k]) for k in ("target", "draft", "dtype", "device") if models.get(k))
     count = f"n = {n[0]}" if len(n) == 1 else f"n = {n[0]}–{n[-1]}" if n else "no cells measured"
     fig.suptitle(f"{METRICS[metric]}\nmedian of {count} per cell (prompts × repeats)", fontsize=10)
-    fig.supxlabel(_legend(marks) + (f"\n{textwrap.fill(who, 60)}" if who else ""), fontsize=8, color="#444")
+    fig.supxlabel("\n".join(legend(marks)) + (f"\n{textwrap.fill(who, 60)}" if who else ""), fontsize=8, color="#444")
     return fig
 
 
@@ -47,10 +47,11 @@ def model_name(where: object) -> str:
     return str(where).rstrip("/").rsplit("/", 1)[-1]
 
 
-def _legend(marks: dict) -> str:
+def legend(marks: dict) -> tuple[str, str]:
+    """The marks in words: (the best lossless cell's line, the default cell's line); the PNG and the tab's chart."""
     best = f"★ best lossless: {marks['best']}" if marks["best"] else "no lossless cell with identical output (up to ties)"
     default = f"◇ default: {marks['default']}" if marks["default"] else "the default is not in the grid"
-    return f"{best}\n{default}"
+    return best, default
 
 
 def ticks(name: str, values: list) -> list[str]:
