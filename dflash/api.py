@@ -36,6 +36,7 @@ class DFlashConfig:
     adaptive: str | None = None
     verify: str = DEFAULTS["verify"]
     lookup_ngram: int = DEFAULTS["lookup_ngram"]  # > 0: copy from the context first where the last n tokens recur (lossless)
+    trace_attention: bool = False  # record what the draft attends to at each denoising step (DraftStep.attention)
     # How the target loads (None: the loader's choice). With an existing Engine they must agree with it (or be None).
     dtype: str | None = None  # auto, float32 or bfloat16 (the loader also takes fp32, bf16, float16, fp16)
     device: str | None = None  # cpu, cuda, cuda:N (None: cuda when available)
@@ -69,7 +70,7 @@ class DFlashConfig:
         fields = dict(block_size=self.block_size, max_block_size=self.max_block_size, min_block_size=self.min_block_size,
                       diffusion_steps=self.diffusion_steps, confidence_threshold=self.confidence_threshold,
                       acceptance_threshold=self.acceptance_threshold, adaptive=self.policy(**kw), verify=self.verify,
-                      lookup_ngram=self.lookup_ngram)
+                      lookup_ngram=self.lookup_ngram, trace_attention=self.trace_attention)
         unknown = sorted(set(kw) - set(Request.__dataclass_fields__))
         if unknown:
             raise ValidationError(unknown[0], "is not a generation option")

@@ -16,6 +16,8 @@ def test_config_validates_like_the_request():
     with pytest.raises(ValidationError, match="lookup_ngram"):
         DFlashConfig(lookup_ngram=-1)
     assert DFlashConfig(lookup_ngram=2).request(prompt="x").lookup_ngram == 2
+    with pytest.raises(ValidationError, match="trace_attention"):
+        DFlashConfig(trace_attention="no")
     assert DFlashConfig(block_size=8, max_block_size=32).policy() == "slow-start"
     assert DFlashConfig(block_size=8).policy() == "auto"  # the engine's default: cost on a CPU, fixed on a GPU
 
@@ -51,6 +53,15 @@ def test_options_given_per_call_override_the_config(engine):
     assert model.last_result.events[0].request["block_size"] == 4  # the config's again
     with pytest.raises(ValidationError, match="block_sise"):
         model.generate("x", block_sise=2)
+
+
+def test_a_config_that_traces_attention_records_it_at_every_draft_step(engine):
+    model = DFlashModel(DFlashConfig(block_size=4, lookup_ngram=0, trace_attention=True), engine)
+    model.generate("", prompt_ids=(5, 6, 7), max_new_tokens=6)
+    steps = [e for e in model.last_result.events if type(e).__name__ == "DraftStep"]
+    assert steps and all(s.attention for s in steps)
+    model.generate("", prompt_ids=(5, 6, 7), max_new_tokens=6, trace_attention=False)  # a call's value wins
+    assert not any(e.attention for e in model.last_result.events if type(e).__name__ == "DraftStep")
 
 
 def test_bad_model_arguments_name_the_parameter(engine):
