@@ -10,7 +10,7 @@ import torch
 from conftest import tiny_draft, tiny_target
 from dflash.decode.engine import Engine
 from dflash.errors import ModelLoadError
-from dflash.loading.load import auto_device_map, gpu_load_options, load_engine, load_target_model
+from dflash.loading.load import auto_device_map, gpu_load_options, load_engine, load_target_model, shown_path
 from dflash.loading.registry import SMOLLM2_GGUF
 from dflash.decode.request import Request
 from dflash.models.target import Target
@@ -173,3 +173,13 @@ def test_every_dflash_variable_the_code_reads_is_in_the_deploy_table():
         module, _, function = checker.split("`")[1].rpartition(".")
         if function and module.startswith("dflash."):
             assert hasattr(__import__(module, fromlist=[function]), function), (name, checker)
+
+
+def test_results_name_a_draft_inside_the_working_directory_by_its_relative_path(tmp_path, monkeypatch):
+    """A committed result named the machine's absolute path of the shipped draft (/work/…/assets/…)."""
+    (tmp_path / "assets" / "d").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert shown_path(str(tmp_path / "assets" / "d")) == "assets/d"
+    assert shown_path("assets/d") == "assets/d"  # as given
+    assert shown_path("/elsewhere/d") == "/elsewhere/d" and shown_path("z-lab/Qwen3-4B-DFlash-b16") == "z-lab/Qwen3-4B-DFlash-b16"
+

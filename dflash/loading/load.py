@@ -330,7 +330,7 @@ def load_engine(preset: str | None = "default", target: str | None = None, draft
         draft_cfg.check_fits(model.config.hidden_size, model.config.num_hidden_layers,
                              model.get_output_embeddings().weight.shape[0], None)
         dmodel, vocab = load_draft(draft_dir)
-        info.update(draft=draft, draft_load_s=time.perf_counter() - t0)
+        info.update(draft=shown_path(draft), draft_load_s=time.perf_counter() - t0)
     tgt, host = _cpu_target(model, tokenizer, name, target, dev, dtype, threads, dmodel)
     tgt = tgt or Target(model, tokenizer, name=name, device=dev, dtype=dt)
     info.update(device=str(tgt.device), dtype=str(tgt.dtype).removeprefix("torch."))
@@ -361,3 +361,15 @@ def _cpu_target(model, tokenizer, name: str, source: str, dev: torch.device, dty
     torch.set_num_threads(host.threads)
     return Target(model, tokenizer, name=name, device=dev, dtype=getattr(torch, host.dtype), layout=host.layout,
                   float32_from_rows=host.float32_from_rows), host
+
+
+def shown_path(draft: str) -> str:
+    """A draft directory as results record it: relative to the working directory when it lies inside it (a result
+    committed from a checkout names `assets/…`, not the machine's absolute path); a hub id or another path as given."""
+    path = Path(draft)
+    if not path.is_absolute():
+        return draft
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return draft
