@@ -132,7 +132,7 @@ def test_traced_run_proposes_the_same_tokens(engine, steps):
 def test_trace_round_trip_and_a_version_1_trace_still_loads(engine, tmp_path):
     run = engine.generate(Request(prompt=PROMPT, max_new_tokens=10, block_size=4, lookup_ngram=0, trace_attention=True))
     text = dumps_trace(Trace(run.events, {"title": "t"}))
-    assert json.loads(text)["version"] == TRACE_VERSION == 2
+    assert json.loads(text)["version"] == TRACE_VERSION == 3
     back = parse_trace(text)
     assert back.events == run.events  # every field, attention included
     lines = "\n".join(json.dumps(ev.event_to_dict(e)) for e in run.events)  # the CLI's JSON lines

@@ -84,6 +84,8 @@ PLACEHOLDER = ('<div class="dfl-insp"><p class="dfl-placeholder">The block inspe
 KEY = ('<p class="insp-key">Cells: shading = draft confidence · <span class="key-new">outlined ●</span> committed at '
        'this step · <span class="key-mask">hatched MASK</span> still masked · ✓ accepted · ✗ first rejection (with '
        'the target\'s token) · – not counted</p>')
+HINT_KEY = (' · copy hints: the token a copy from the context offers each position (a hinted draft reads them '
+            'as inputs and may overrule them)</p>')
 COPY_KEY = ('<p class="insp-key">Cells: <span class="cell-copy">wavy underline</span> = copied from the context (the '
             'tokens that followed the same n-gram earlier; no draft pass, no confidences) · ✓ accepted · ✗ first '
             'rejection (with the target\'s token) · – not counted</p>')
@@ -107,6 +109,8 @@ def inspector_html(run: RunState | list, block: int | None = None) -> str:
     if info.block == 0 or (info.verify is None and not info.steps):
         return f'<div class="dfl-insp">{summary}{ctrl}</div>'
     key = COPY_KEY if info.size is not None and info.size.source == ev.COPY else KEY
+    if key is KEY and info.steps and info.steps[0].hints is not None:
+        key = key.replace("</p>", HINT_KEY)
     return f'<div class="dfl-insp">{summary}{ctrl}{_grid_table(info)}{_verdict_line(info)}{key}{attention_html(info)}</div>'
 
 
@@ -132,7 +136,26 @@ def _grid_table(info: BlockInfo) -> str:
         rows_html.append(f'<tr class="{row_cls}"><th scope="row">{label}</th>{cells}</tr>')
     return (f'<div class="insp-scroll"><table class="insp" aria-label="Block {attr(info.block)}: denoising steps by '
             f'position"><thead><tr><th scope="col">block {attr(info.block)}</th>{head}</tr></thead>'
-            f'<tbody>{"".join(rows_html)}</tbody></table></div>')
+            f'<tbody>{_hint_row(info)}{"".join(rows_html)}</tbody></table></div>')
+
+
+def _hint_row(info: BlockInfo) -> str:
+    """A hinted draft's copy hints, above its denoising steps: per slot the token a copy from the context offered
+    (the draft reads it as an input and may overrule it), or – where no n-gram recurred; "" for z-lab's draft."""
+    s = info.steps[0] if info.steps else None
+    if s is None or s.hints is None or info.size is not None and info.size.source == ev.COPY:
+        return ""
+    cells = ['<td class="cell-anchor" title="the anchor gets no hint">·</td>']
+    for text, n in zip(s.hint_texts[1:], s.hint_n[1:]):
+        if n:
+            tip = f"hint: {quoted(text)} followed the same {n}-gram earlier in the context"
+            cells.append(f'<td class="cell-hint" title="{attr(tip)}"><span class="ct">{show_text(text, False)}</span>'
+                         f'<small class="conf">{n}-gram</small></td>')
+        else:
+            cells.append('<td class="cell-hint cell-nohint" title="no hint: the anchor\'s last tokens did not occur '
+                         'earlier">–</td>')
+    return f'<tr class="row-hint"><th scope="row">copy hints</th>{"".join(cells)}</tr>'
+
 
 
 def _cell_html(c: dict, is_verify: bool) -> str:

@@ -31,8 +31,8 @@ from .run_state import RunState
 from .trace_schema import (MAX_RUN_EVENTS, MAX_TRACE_BYTES, MAX_TRACE_EVENTS, JsonProblem, TraceError, check_event,
                            check_meta, check_run, decode_json, line_of, shown)
 
-TRACE_FORMAT, TRACE_VERSION = "dflash-trace", 2
-READ_VERSIONS = (1, 2)  # 1: before DraftStep.attention; its traces have none
+TRACE_FORMAT, TRACE_VERSION = "dflash-trace", 3
+READ_VERSIONS = (1, 2, 3)  # 1: before DraftStep.attention; 2: before DraftStep.hints. Older traces have none
 TRACES_DIR = ASSETS / "traces"
 
 

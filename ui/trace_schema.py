@@ -134,6 +134,13 @@ def optional(ok: Callable[[Any], bool], what: str) -> Rule:
     return scalar(lambda v: v is None or ok(v), f"{what} or null")
 
 
+def optional_list(rule: Rule) -> Rule:
+    def either(v: Any, name: str) -> str | None:
+        problem = None if v is None else rule(v, name)
+        return problem and f"{problem}, or null"
+    return either
+
+
 def integer(lo: int, hi: int) -> Rule:
     return scalar(_is_int(lo, hi), f"an integer in [{lo}, {hi}]")
 
@@ -234,7 +241,8 @@ FIELD_RULES: dict[str, dict[str, Rule]] = {
     "BlockSize": {"block": BLOCK, "size": SIZE, "reason": LABEL, "source": SOURCE},
     "DraftStep": {"block": BLOCK, "step": integer(0, MAX_STEPS - 1), "n_steps": integer(1, MAX_STEPS), "start": POSITION,
                   "tokens": IDS, "token_texts": TEXTS, "masked": FLAGS, "committed": FLAGS, "ms": MS,
-                  "attention": attention_rule,
+                  "attention": attention_rule, "hints": optional_list(IDS), "hint_texts": optional_list(TEXTS),
+                  "hint_n": optional_list(listed(_is_int(0, 8), "integers in [0, 8]", MAX_BLOCK_SIZE)),
                   "confidences": listed(_is_number(0.0, 1.0), "finite numbers in [0.0, 1.0]", MAX_BLOCK_SIZE)},
     "Verify": {"block": BLOCK, "start": POSITION, "block_size": SIZE, "draft_tokens": IDS, "draft_texts": TEXTS,
                "target_tokens": IDS, "target_texts": TEXTS, "accepted": FLAGS, "accepted_len": integer(0, MAX_BLOCK_SIZE - 1),
@@ -258,6 +266,9 @@ def _draft_step(e: ev.DraftStep) -> str | None:
     for name in ("token_texts", "confidences", "masked", "committed"):
         if len(getattr(e, name)) != n:
             return f"'{name}' must have one entry per block position (as 'tokens')"
+    for name in ("hints", "hint_texts", "hint_n"):
+        if getattr(e, name) is not None and len(getattr(e, name)) != n:
+            return f"'{name}' must be null or have one entry per block position (as 'tokens')"
     a = e.attention
     if a is not None and (len(a["layers"][0]["block"]) != n or a["anchor"] != e.start):
         return "'attention' must have one row per block position and its anchor at 'start'"

@@ -18,6 +18,7 @@ import torch
 from dflash.models.draft import DFlashDraftModel, DraftCache
 from dflash.decode.attention import summarize
 from dflash.decode.events import DRAFT
+from dflash.decode.lookup import HintIndex, block_hints
 from dflash.models.packed import PackedLinear
 from dflash.decode.proposer import Proposal
 from dflash.verification.sampling import GUMBEL_DRAFT, gumbel_noise, target_probs
@@ -32,6 +33,7 @@ class DraftContext:
     cache: DraftCache = field(default_factory=DraftCache)
     pending: list[tuple[torch.Tensor, int]] = field(default_factory=list)
     attention_k: int = 0  # > 0: each denoising step records what the draft attends to (dflash.decode.attention)
+    hints: HintIndex | None = None  # a hinted draft's lookup of the committed ids (`DraftConfig.hint_ngram`)
 
 
 class Drafter:
@@ -60,7 +62,16 @@ class Drafter:
         return tuple(self.draft.config.target_layer_ids)
 
     def new_state(self) -> DraftContext:
-        return DraftContext()
+        n = self.draft.config.hint_ngram
+        return DraftContext(hints=HintIndex(n) if n else None)
+
+    def hint_inputs(self, hints: tuple[list[int], list[int]] | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """A hinted draft's hints (`block_hints`: tokens, match lengths) as (the tokens' embeddings [1, b, H], the
+        lengths [1, b]); (None, None) for z-lab's draft."""
+        if hints is None:
+            return None, None
+        dev = self.head.device
+        return self.embed(torch.tensor([hints[0]], device=dev)).to(self.head.dtype), torch.tensor([hints[1]], device=dev)
 
     def extend_context(self, state: DraftContext, features: torch.Tensor, start_pos: int) -> None:
         """Queue target features [1, T, k*H] of positions start_pos .. start_pos+T-1 (`flush` injects them)."""
@@ -97,12 +108,15 @@ class Drafter:
         masked = [False] + [True] * n
         conf = [1.0] + [0.0] * n
         positions = torch.arange(start, start + size, device=dev)
+        hints = block_hints(seq, state.hints.find(seq), size) if state.hints else None  # ([b], [b]) or None
+        hint_emb, hint_n = self.hint_inputs(hints)
         steps, q = [], None
         for step in range(n_steps):
             ts = time.perf_counter()
             weights = [] if state.attention_k else None  # per layer [1, nh, b, ctx + b] when traced
-            emb = self.embed(torch.tensor([tokens], device=dev))  # [1, b, H]
-            hidden = self.draft(emb.to(self.head.dtype), positions, cache.kv, attention=weights)[0, 1:]  # [n, H]
+            emb = self.embed(torch.tensor([tokens], device=dev)).to(self.head.dtype)  # [1, b, H]
+            emb = self.draft.block_inputs(emb, hint_emb, hint_n)
+            hidden = self.draft(emb, positions, cache.kv, attention=weights)[0, 1:]  # [n, H]
             logits = self._full(self.head_fn(hidden).float())  # [n, V]
             probs = torch.softmax(logits, -1)
             if sample is None:
@@ -127,6 +141,8 @@ class Drafter:
             view_conf = [conf[i] if not masked[i] else best_p_l[i - 1] for i in range(size)]
             steps.append({"step": step, "n_steps": n_steps, "start": start, "tokens": view, "confidences": view_conf,
                           "masked": list(masked), "committed": committed, "ms": (time.perf_counter() - ts) * 1000})
+            if hints is not None:  # what the copy hints offered each slot (the inspector's hint row)
+                steps[-1].update(hints=hints[0], hint_n=hints[1])
             if weights is not None:
                 steps[-1]["attention"] = summarize(weights, start, state.attention_k)
             if not any(masked):

@@ -81,6 +81,11 @@ class DraftStep:
     ms: float
     # What the draft attended to at this step (Request.trace_attention; dflash.decode.attention.summarize), or None.
     attention: dict[str, Any] | None = None
+    # A hinted draft's copy hints (DraftConfig.hint_ngram), one per block position: the token a copy from the context
+    # offered the slot, its text, and the length of the n-gram that matched (0: none); None for z-lab's draft.
+    hints: list[int] | None = None
+    hint_texts: list[str] | None = None
+    hint_n: list[int] | None = None
 
 
 @dataclass(frozen=True)

@@ -95,3 +95,48 @@ class CopyProposer:
         proposal = copy_proposal(seq[-1], len(seq) - 1, copied_span(seq, j, size - 1), self.vocab_size, sample, self.device)
         proposal.note = f"copy from the context ({self.n}-gram seen before)"
         return proposal
+
+
+class HintIndex:
+    """The copy hints of a hinted draft (`DraftConfig.hint_ngram` = n_max > 0): the longest n ≤ n_max whose last n
+    committed tokens occurred earlier, and where (the most recent occurrence). One `NgramIndex` per n, kept up to date
+    as the request's sequence grows."""
+
+    def __init__(self, n_max: int):
+        self.indexes = [NgramIndex(n) for n in range(n_max, 0, -1)]
+
+    def find(self, tokens: list[int]) -> tuple[int, int]:
+        """(n, j): the longest matching n and the end j of its most recent earlier occurrence; (0, -1) without one."""
+        for index in self.indexes:
+            j = index.find(tokens)
+            if j is not None:
+                return index.n, j
+        return 0, -1
+
+
+def match_table(ids: list[int], n_max: int) -> list[tuple[int, int]]:
+    """`HintIndex(n_max).find(ids[: a + 1])` for every position a of a whole sequence in one pass (training reads
+    every anchor of a stored sequence; the engine's incremental index and this table must agree: tested)."""
+    last: list[dict[tuple[int, ...], int]] = [{} for _ in range(n_max + 1)]
+    out = []
+    for a in range(len(ids)):
+        found = (0, -1)
+        for n in range(n_max, 0, -1):
+            if a >= n:  # NgramIndex needs len(tokens) > n: an n-gram with a token before it
+                j = last[n].get(tuple(ids[a - n + 1 : a + 1]))
+                if j is not None and found == (0, -1):
+                    found = (n, j)
+        out.append(found)
+        for n in range(1, n_max + 1):
+            if a >= n - 1:
+                last[n][tuple(ids[a - n + 1 : a + 1])] = a
+    return out
+
+
+def block_hints(tokens: list[int], match: tuple[int, int], size: int) -> tuple[list[int], list[int]]:
+    """The hints of a block of `size` anchored at tokens[-1]: per slot the copied token and the match length n that
+    proposed it ([size] each; slot 0, the anchor, and a block without a match get token 0 with n = 0)."""
+    n, j = match
+    if n == 0:
+        return [0] * size, [0] * size
+    return [0] + copied_span(tokens, j, size - 1), [0] + [n] * (size - 1)

@@ -225,6 +225,8 @@ def run_block(target: Target, run: Run, block: int, chosen: dict[str, tuple[int,
     for s in proposal.steps if proposal else []:
         if s.get("attention"):  # a traced request: the kept context positions' texts
             s = {**s, "attention": with_texts(s["attention"], run.seq, rec.texts)}
+        if s.get("hints") is not None:
+            s = {**s, "hint_texts": rec.texts(s["hints"])}
         yield ev.DraftStep(block=block, token_texts=rec.texts(s["tokens"]), **s)
     drafted = proposal.tokens if proposal else []
     t0 = time.perf_counter()

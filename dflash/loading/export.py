@@ -59,6 +59,9 @@ def export_draft(draft: Path, server: str, out: Path, target: Path | None = None
     if server not in TARGETS:
         raise ValidationError("--for", f"must be one of {', '.join(TARGETS)}, got {server!r}")
     config, vocab, draft_cfg = _read_draft(draft)
+    if (config.get("dflash_config") or {}).get("hint_ngram"):
+        raise ValidationError("--draft", "is a hinted draft (its masked slots read copy hints), which vLLM and SGLang "
+                                         "cannot serve; it runs in this project's engine only")
     last = config.get("num_target_layers", 0) - 1
     if last in (config.get("dflash_config") or {}).get("target_layer_ids", []):
         raise ValidationError("--draft", f"fuses the target's last layer ({last}), which vLLM cannot serve: it reads a "

@@ -58,6 +58,7 @@ class DraftConfig:
     rope_theta: float = 1_000_000.0
     rope_scaling: dict[str, Any] | None = None
     max_position_embeddings: int = 40960
+    hint_ngram: int = 0  # 0: z-lab's draft. n > 0: a hinted draft (not z-lab's format): masked slots also read copy hints
 
     def __post_init__(self) -> None:
         check_sizes(asdict(self))  # before anything computes with them (a size given as text, or absurd)
@@ -100,6 +101,8 @@ class DraftConfig:
         """config.json in the z-lab layout."""
         d = asdict(self)
         dflash = {"mask_token_id": d.pop("mask_token_id"), "target_layer_ids": d.pop("target_layer_ids")}
+        if d.pop("hint_ngram"):  # only a hinted draft carries the key: z-lab's format stays as it is
+            dflash["hint_ngram"] = self.hint_ngram
         return {
             "architectures": ["DFlashDraftModel"],
             "model_type": "qwen3",
@@ -129,6 +132,7 @@ class DraftConfig:
             kw["rope_scaling"] = dict(rope)
         kw["mask_token_id"] = dflash.get("mask_token_id", d.get("mask_token_id", 0))
         kw["target_layer_ids"] = dflash.get("target_layer_ids") or []
+        kw["hint_ngram"] = dflash.get("hint_ngram", 0)
         check_sizes(kw)  # before head_dim is computed from them
         kw.setdefault("head_dim", d["hidden_size"] // d["num_attention_heads"])
         return cls(**kw)
@@ -247,6 +251,10 @@ class DFlashDraftModel(nn.Module):
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if cfg.hint_ngram:  # a hinted draft: see `block_inputs`
+            self.hint_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=False)
+            self.hint_gate = nn.Parameter(torch.ones(cfg.hint_ngram + 1))
+            self.hint_len = nn.Embedding(cfg.hint_ngram + 1, cfg.hidden_size)
         self.inv_freq = rope_inv_freq(cfg)  # float32 on purpose: not a buffer, so .to(bfloat16) leaves it exact
 
     def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -254,6 +262,20 @@ class DFlashDraftModel(nn.Module):
         ctx = self.hidden_norm(self.fc(features))  # [B, T, H]
         inv = self.inv_freq.to(features.device)
         return [layer.self_attn.kv(ctx, positions, inv) for layer in self.layers]
+
+    def block_inputs(self, embeds: torch.Tensor, hint_embeds: torch.Tensor | None = None,
+                     hint_n: torch.Tensor | None = None) -> torch.Tensor:
+        """The block's input [..., t, H]: the target embedding of its tokens (`embeds`). A hinted draft adds, per
+        slot, the embedding of the token a copy from the context proposes there (`hint_embeds` [..., t, H]) through
+        `hint_proj`, scaled by a gate per match length `hint_n` [..., t] (0: no hint), and an embedding of that
+        length. Why: a masked slot's query cannot depend on the anchor, so a one-layer draft cannot find the
+        anchor in the context itself; the hint brings what a lookup finds into the slot, and the draft learns when
+        to trust it. With hint_proj and hint_len at 0 (a warm start) the draft is the one it started from."""
+        if not self.config.hint_ngram or hint_embeds is None:
+            return embeds
+        has = (hint_n > 0).unsqueeze(-1).to(embeds.dtype)  # [..., t, 1]
+        gate = self.hint_gate[hint_n].unsqueeze(-1).to(embeds.dtype)
+        return embeds + has * gate * self.hint_proj(hint_embeds) + self.hint_len(hint_n) * has
 
     def forward(self, block_embeds: torch.Tensor, positions: torch.Tensor,
                 ctx_kv: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor | None = None,

@@ -27,7 +27,7 @@ import torch
 from dflash.errors import ValidationError
 from dflash.decode.lookup import NgramIndex
 from dflash.training.corpus import Corpus, Sequence
-from dflash.training.objective import block_attention_mask, on_policy_prefix
+from dflash.training.objective import AnchorHints, block_attention_mask, on_policy_prefix
 from dflash.training.probes import anchors_of, train_probe_pair
 
 log = logging.getLogger("dflash.train")
@@ -101,6 +101,7 @@ class DraftSlots:
         self.vocab = vocab if vocab is not None else torch.arange(lm_head.shape[0])
         self.head = lm_head[self.vocab].contiguous()  # [Vd, H]
         self.block, self.mask_id = draft.config.block_size, draft.config.mask_token_id
+        self.hints = AnchorHints(draft.config.hint_ngram) if draft.config.hint_ngram else None
 
     @torch.no_grad()
     def predict(self, seq: Sequence, anchors: torch.Tensor, chunk: int = 64) -> torch.Tensor:
@@ -112,7 +113,11 @@ class DraftSlots:
             pos = part[:, None] + torch.arange(b)[None, :]  # [n, b]
             inputs = seq.ids[pos].clone()
             inputs[:, 1:] = self.mask_id
-            hidden = self.draft(self.embed[inputs.flatten()][None], pos.flatten(), ctx,
+            x = self.embed[inputs.flatten()]  # [n*b, H]
+            if self.hints is not None:
+                hint_ids, hint_n = self.hints(seq, part, b)
+                x = self.draft.block_inputs(x, self.embed[hint_ids.flatten()], hint_n.flatten())
+            hidden = self.draft(x[None], pos.flatten(), ctx,
                                 block_attention_mask(part, T, b)[None, None])[0].view(len(part), b, -1)
             out.append(self.vocab[(hidden[:, 1:] @ self.head.T).argmax(-1)])
         return torch.cat(out) if out else torch.empty(0, b - 1, dtype=torch.long)

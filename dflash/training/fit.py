@@ -25,7 +25,7 @@ from dflash.training.fit_checks import STATE_NAME, check_against_data, check_res
 from dflash.training.data_config import check_run_out
 from dflash.training.fit_config import FitConfig, corpus_fingerprint, read_data_meta
 from dflash.training.interrupt import deferred_interrupt
-from dflash.training.objective import (block_attention_mask, cosine_lr, default_gamma, on_policy_prefix, partial_mask,
+from dflash.training.objective import (AnchorHints, block_attention_mask, cosine_lr, default_gamma, on_policy_prefix, partial_mask,
                                        position_weights, sample_anchors, weighted_loss)
 
 log = logging.getLogger("dflash.train")
@@ -77,7 +77,7 @@ class Trainer:
             tc, self.embed.shape[0], layers=cfg.layers, block_size=cfg.block_size, mask_token_id=cfg.mask_token_id,
             intermediate_size=cfg.intermediate_size or tc.intermediate_size, target_layer_ids=layer_ids,
             rms_norm_eps=tc.rms_norm_eps, rope_theta=getattr(tc, "rope_theta", 10000.0),
-            max_position_embeddings=tc.max_position_embeddings)
+            max_position_embeddings=tc.max_position_embeddings, hint_ngram=cfg.hint_ngram)
         log.info("corpus: %d training sequences, %d response tokens; %d held out", len(self.corpus.train),
                  self.corpus.n_tokens(), len(self.corpus.heldout))
         self.draft, vocab = self.init_draft(final_norm)
@@ -92,7 +92,12 @@ class Trainer:
         self.remap = torch.full((self.embed.shape[0],), -1, dtype=torch.long)
         self.remap[self.vocab] = torch.arange(len(self.vocab))
         self.weights = position_weights(cfg.block_size, cfg.gamma or default_gamma(cfg.block_size))
-        self.opt = torch.optim.AdamW(self.draft.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+        self.hints = AnchorHints(cfg.hint_ngram) if cfg.hint_ngram else None
+        if cfg.train_only:  # the hint weights alone learn; the rest stays as --init-from gave it (no gradients kept)
+            for name, p in self.draft.named_parameters():
+                p.requires_grad_(name.startswith("hint_"))
+        trained = [p for p in self.draft.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(trained, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
         self.step = 0
         self.log_path = Path(cfg.out) / "train_log.jsonl"
         self._copyable: dict[int, torch.Tensor] = {}  # id(sequence) → `copyable`
@@ -111,6 +116,9 @@ class Trainer:
                 torch.nn.init.zeros_(mod.weight) if zero else torch.nn.init.normal_(mod.weight, std=0.02)
         with torch.no_grad():  # the target's final-norm gain gives the shared LM head its expected input scale
             draft.norm.weight.copy_(final_norm)
+            if self.dcfg.hint_ngram:  # hints start unread: a warm start computes its source's function at step 0
+                draft.hint_proj.weight.zero_()
+                draft.hint_len.weight.zero_()
         # A resume loads every weight from its trainer state: the --init-from draft is not read again.
         return self.warm_start(draft) if self.cfg.init_from and not self.resuming else (draft, None)
 
@@ -147,8 +155,11 @@ class Trainer:
         state = src.state_dict()
         state["fc.weight"] = widen_fc(state["fc.weight"], old_ids, self.dcfg.target_layer_ids)
         missing, unexpected = draft.load_state_dict(state, strict=False)
-        new_layer = lambda k: k.startswith("layers.") and int(k.split(".")[1]) >= kept  # noqa: E731
-        assert not unexpected and all(map(new_layer, missing)), (missing, unexpected)
+        if unexpected:  # a hinted source into a run without hints
+            raise ValidationError("--init-from", f"{self.cfg.init_from} is a hinted draft: give the run --hint-ngram "
+                                                 f"{src.config.hint_ngram}")
+        new = lambda k: k.startswith("hint_") or k.startswith("layers.") and int(k.split(".")[1]) >= kept  # noqa: E731
+        assert all(map(new, missing)), missing
         for layer in draft.layers[kept:]:
             torch.nn.init.zeros_(layer.self_attn.o_proj.weight)
             torch.nn.init.zeros_(layer.mlp.down_proj.weight)
@@ -171,7 +182,11 @@ class Trainer:
         feats = seq["feats"].float()[None]  # [1, T, k*H]
         ctx_kv = self.draft.context_kv(feats, torch.arange(T))
         mask = block_attention_mask(anchors, T, b)[None, None]  # [1, 1, nb*b, T + nb*b]
-        hidden = self.draft(self.embed[inputs.flatten()][None], pos.flatten(), ctx_kv, mask)[0]  # [nb*b, H]
+        x = self.embed[inputs.flatten()]  # [nb*b, H]
+        if self.hints is not None:
+            hint_ids, hint_n = self.hints(seq, anchors, b)  # [nb, b] each
+            x = self.draft.block_inputs(x, self.embed[hint_ids.flatten()], hint_n.flatten())
+        hidden = self.draft(x[None], pos.flatten(), ctx_kv, mask)[0]  # [nb*b, H]
         sel = masked.flatten()
         labels = self.remap[truth.flatten()[sel]]
         valid = labels >= 0  # [N] in the draft vocabulary

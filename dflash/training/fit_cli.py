@@ -42,6 +42,9 @@ FIT_HELP = {
     "copy_weight": "loss weight of blocks whose anchor ends a --copy-ngram seen before, which the copy-first chain "
                    "proposes by copying (0: train only on the blocks the chain hands to the draft)",
     "copy_ngram": "the n-gram length of --copy-weight (the chain's --lookup-ngram)",
+    "hint_ngram": "> 0: train a hinted draft, whose masked slots read copy hints of n-grams up to this n (not z-lab's "
+                  "format: vLLM and SGLang cannot serve it)",
+    "train_only": "hint: train only a hinted draft's hint weights (needs --hint-ngram and --init-from)",
 }
 
 

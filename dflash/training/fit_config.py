@@ -44,12 +44,21 @@ class FitConfig:
     stop_at: int = 0  # stop after this step (checkpoint saved; the schedule is still that of `steps`); 0: at `steps`
     copy_weight: float = 1.0  # loss weight of blocks whose anchor ends an n-gram seen before (the chain copies those)
     copy_ngram: int = 2  # the n of copy_weight: Request.lookup_ngram of the chain the draft is trained for
+    hint_ngram: int = 0  # > 0: a hinted draft (copy hints of n-grams up to this n; DraftConfig.hint_ngram)
+    train_only: str = ""  # "hint": only the hint weights train (the rest as --init-from gave it)
     snapshot_base: int = 250  # keep a copy of the draft at steps base·2^k (log-spaced points of the τ curve); 0: off
 
     def __post_init__(self) -> None:
         """Bad values raise ValidationError naming the `train fit` option (one line from the CLI)."""
         if self.residual_init not in ("zero", "normal"):
             raise ValidationError("--residual-init", f"must be zero or normal, got {self.residual_init!r}")
+        if self.train_only not in ("", "hint"):
+            raise ValidationError("--train-only", f"must be hint (or left out), got {self.train_only!r}")
+        if self.train_only and not (self.hint_ngram and self.init_from):
+            raise ValidationError("--train-only", "hint trains a hinted draft's hint weights alone: it needs --hint-ngram "
+                                                  "and --init-from")
+        if not 0 <= self.hint_ngram <= 8:
+            raise ValidationError("--hint-ngram", f"must be in [0, 8], got {self.hint_ngram}")
         if self.onpolicy_blocks not in (0, 1):
             raise ValidationError("--onpolicy-blocks", f"must be 0 or 1, got {self.onpolicy_blocks}")
         for name, lo in (("layers", 1), ("block_size", 2), ("steps", 1), ("seqs_per_step", 1), ("anchors_per_seq", 1),

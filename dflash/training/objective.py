@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from dflash.decode.lookup import block_hints, match_table
+
 
 def position_weights(block_size: int, gamma: float) -> torch.Tensor:
     """w_k = exp(-(k-1)/γ) for block positions k = 1..b-1 (the paper's eq. 4). Shape [b-1]."""
@@ -120,3 +122,23 @@ def cosine_lr(step: int, total: int, peak: float, warmup_frac: float = 0.04, flo
         return peak * (step + 1) / warm
     progress = min(1.0, (step - warm) / max(1, total - warm))
     return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class AnchorHints:
+    """A hinted draft's copy hints at the anchors of stored sequences, as the engine computes them at inference
+    (`dflash.decode.lookup.block_hints` over the ids up to the anchor). Each sequence's match table is computed
+    once (keyed by the sequence object, which the corpus keeps)."""
+
+    def __init__(self, n_max: int):
+        self.n_max, self.tables = n_max, {}
+
+    def __call__(self, seq, anchors: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hinted token ids [nb, b], match lengths [nb, b]) for blocks at `anchors` [nb] of `seq`."""
+        key = id(seq)
+        if key not in self.tables:
+            ids = seq["ids"].tolist()
+            self.tables[key] = (ids, match_table(ids, self.n_max))
+        ids, table = self.tables[key]
+        rows = [block_hints(ids[: a + 1], table[a], block_size) for a in anchors.tolist()]
+        return (torch.tensor([r[0] for r in rows], dtype=torch.long).view(-1, block_size),
+                torch.tensor([r[1] for r in rows], dtype=torch.long).view(-1, block_size))
