@@ -154,7 +154,7 @@ def pytest_collection_modifyitems(config, items):
     which would leave one worker running alone at the end (order within a module is kept, so its fixtures are made
     once). Tests marked `network` download (a ~100 MB wheel from the package index): run only with --network."""
     heavy = {item.nodeid.split("::")[0] for item in items if "slow" in item.keywords or "browser" in item.keywords}
-    heavy.add("tests/test_ui_trace_store.py")  # no model, but its memory test uploads a 14 MB trace five times
+    heavy.add("tests/test_ui_trace_store.py")  # no model, but its memory test uploads a ~17 MB trace four times
     items.sort(key=lambda item: item.nodeid.split("::")[0] not in heavy)  # stable: the order otherwise as collected
     if config.getoption("--network"):
         return
