@@ -176,3 +176,22 @@ def test_draft_steps_carry_the_hints_into_traces_and_the_inspector():
     assert "copy hints" in page and "-gram</small>" in page and "<&>" not in page
     plain = Engine(tiny_target("llama")).generate(Request(prompt_ids=(5, 6, 5, 6), max_new_tokens=4, use_draft=False))
     assert "copy hints" not in inspector_html(plain.events)
+
+
+@pytest.mark.slow
+def test_the_shipped_hinted_draft_is_lossless_on_the_real_target_and_reads_hints(real_target):
+    """The `hinted` preset's draft on the real target, float32: the output is the target's own, token for token, and
+    its steps carry hints (the prompt repeats itself, so the copies have matches)."""
+    from dflash.decode import events as ev
+    from dflash.loading.registry import get_preset
+
+    draft, vocab = load_draft(get_preset("hinted").draft)
+    assert draft.config.hint_ngram == 3
+    engine = Engine(real_target("hinted"), draft, vocab, name="hinted")
+    prompt = "Repeat this list twice: apples, pears, plums, figs."
+    plain = engine.generate(Request(prompt=prompt, max_new_tokens=40, use_draft=False))
+    for lookup in (2, 0):  # the draft alone last: its every block reads the hints
+        run = engine.generate(Request(prompt=prompt, max_new_tokens=40, lookup_ngram=lookup))
+        assert run.output_ids == plain.output_ids
+    steps = [e for e in run.events if isinstance(e, ev.DraftStep) and e.hints is not None]
+    assert steps and any(n for s in steps for n in s.hint_n)

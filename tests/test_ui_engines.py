@@ -152,9 +152,9 @@ def test_the_operators_setting_of_offered_presets():
     every = list(PRESETS)
     assert offered_presets(None, cuda=True) == offered_presets("", cuda=True) == ["default"]  # unset: the default only
     assert offered_presets("all", cuda=True) == every
-    assert offered_presets("all", cuda=False) == ["default"]  # what a CPU host can run
+    assert offered_presets("all", cuda=False) == ["default", "hinted"]  # what a CPU host can run
     assert offered_presets(" qwen3-8b, llama3.1-8b ", cuda=True) == ["default", "qwen3-8b", "llama3.1-8b"]
-    with pytest.raises(ValidationError, match=f"{PRESETS_ENV}: unknown preset 'qwen9'; choose from default, qwen3-4b"):
+    with pytest.raises(ValidationError, match=f"{PRESETS_ENV}: unknown preset 'qwen9'; choose from default, hinted, qwen3-4b"):
         offered_presets("qwen3-4b,qwen9", cuda=True)
     with pytest.raises(ValidationError, match=f"{PRESETS_ENV}: preset 'qwen3-8b' needs a CUDA GPU; this host has none"):
         offered_presets("qwen3-8b", cuda=False)
@@ -164,7 +164,7 @@ def test_the_registry_loader_offers_what_the_operator_set(monkeypatch):
     monkeypatch.delenv(PRESETS_ENV, raising=False)
     assert EngineProvider().presets == ["default"]
     monkeypatch.setenv(PRESETS_ENV, "all")
-    assert EngineProvider().presets == (list(PRESETS) if torch.cuda.is_available() else ["default"])
+    assert EngineProvider().presets == (list(PRESETS) if torch.cuda.is_available() else ["default", "hinted"])
 
 
 def run_deadline(final: dict) -> float:

