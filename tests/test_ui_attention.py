@@ -15,7 +15,7 @@ from dflash.decode import events as ev
 from tests import test_app_api
 from tests.ui_support import tiny_text_engine
 from ui.render_attention import attention_html
-from ui.replay import parse_trace
+from ui.replay import TRACE_VERSION, parse_trace
 from ui.run_state import RunState
 
 OLD_TRACE = Path(__file__).parent / "data" / "trace_v1_tiny.json"
@@ -41,7 +41,7 @@ def test_a_run_with_the_checkbox_shows_the_view_and_one_without_does_not(app):
     assert VIEW in shown and "What the draft attends to" in shown and "KV injection" in shown
     assert "Draft layer 0" in shown and 'class="attn-anchor"' in shown
     trace_text = Path(final["export_trace"]).read_text(encoding="utf-8")
-    assert json.loads(trace_text)["version"] == 2
+    assert json.loads(trace_text)["version"] == TRACE_VERSION
     steps = [e for e in parse_trace(trace_text).events if isinstance(e, ev.DraftStep)]
     assert steps and all(s.attention is not None for s in steps)
 
