@@ -152,3 +152,12 @@ def test_no_draft_steps_without_a_draft_or_for_blocks_of_one(setup):
                                    adaptive="fixed"))
     assert not any(isinstance(e, DraftStep) for e in ones.events)
     assert ones.output_ids == base.output_ids
+
+
+def test_a_step_commits_what_reaches_the_threshold_at_least_the_best_and_everything_at_the_last():
+    from dflash.decode.drafter import commit_positions
+
+    conf = [0.95, 0.2, 0.91, 0.5]  # positions 1..4
+    assert commit_positions([1, 2, 3, 4], conf, 0.9, last=False) == [1, 3]
+    assert commit_positions([2, 4], conf, 0.9, last=False) == [4]  # none reaches it: the most confident one
+    assert commit_positions([2, 4], conf, 0.9, last=True) == [2, 4]

@@ -118,22 +118,9 @@ class Drafter:
             emb = self.draft.block_inputs(emb, hint_emb, hint_n)
             hidden = self.draft(emb, positions, cache.kv, attention=weights)[0, 1:]  # [n, H]
             logits = self._full(self.head_fn(hidden).float())  # [n, V]
-            probs = torch.softmax(logits, -1)
-            if sample is None:
-                best_p, best = probs.max(-1)
-            else:
-                q = target_probs(logits, sample["temperature"], sample["top_k"], sample["top_p"])
-                g = gumbel_noise(sample["seed"], list(range(start + 1, start + size)), logits.shape[-1], GUMBEL_DRAFT, dev)
-                best = (torch.log(q) + g).argmax(-1)
-                best_p = q.gather(-1, best[:, None]).squeeze(-1)
-            best_l, best_p_l = best.tolist(), best_p.tolist()
+            best_l, best_p_l, q = choose(logits, sample, start)  # q: the proposal law (rejection rule) or None
             open_pos = [i for i in range(1, size) if masked[i]]
-            if step == n_steps - 1:
-                commit = open_pos
-            else:
-                commit = [i for i in open_pos if best_p_l[i - 1] >= threshold]
-                if not commit:
-                    commit = [max(open_pos, key=lambda i: best_p_l[i - 1])]
+            commit = commit_positions(open_pos, best_p_l, threshold, last=step == n_steps - 1)
             committed = [False] * size
             for i in commit:
                 tokens[i], conf[i], masked[i], committed[i] = best_l[i - 1], best_p_l[i - 1], False, True
@@ -148,3 +135,26 @@ class Drafter:
             if not any(masked):
                 break
         return Proposal(tokens[1:], conf[1:], q, steps, (time.perf_counter() - t0) * 1000)
+
+
+def choose(logits: torch.Tensor, sample: dict | None, start: int) -> tuple[list[int], list[float], torch.Tensor | None]:
+    """Each masked position's proposal from logits [n, V] of block positions start+1 .. start+n: the argmax, or with
+    `sample` a draw from the tempered law with per-position noise. Returns (tokens, their probabilities, the law q
+    [n, V] or None)."""
+    if sample is None:
+        best_p, best = torch.softmax(logits, -1).max(-1)
+        return best.tolist(), best_p.tolist(), None
+    q = target_probs(logits, sample["temperature"], sample["top_k"], sample["top_p"])
+    g = gumbel_noise(sample["seed"], list(range(start + 1, start + 1 + logits.shape[0])), logits.shape[-1], GUMBEL_DRAFT,
+                     logits.device)
+    best = (torch.log(q) + g).argmax(-1)
+    return best.tolist(), q.gather(-1, best[:, None]).squeeze(-1).tolist(), q
+
+
+def commit_positions(open_pos: list[int], conf: list[float], threshold: float, last: bool) -> list[int]:
+    """The still-masked block positions a denoising step commits: all at the last step, else those whose confidence
+    (conf[i - 1] for position i) reaches the threshold, and at least the most confident one."""
+    if last:
+        return open_pos
+    commit = [i for i in open_pos if conf[i - 1] >= threshold]
+    return commit or [max(open_pos, key=lambda i: conf[i - 1])]
