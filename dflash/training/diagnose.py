@@ -27,7 +27,7 @@ import torch
 from dflash.errors import ValidationError
 from dflash.decode.lookup import NgramIndex
 from dflash.training.corpus import Corpus, Sequence
-from dflash.training.objective import AnchorHints, block_attention_mask, on_policy_prefix
+from dflash.training.objective import AnchorHints, block_attention_mask, block_embeds, on_policy_prefix
 from dflash.training.probes import anchors_of, train_probe_pair
 
 log = logging.getLogger("dflash.train")
@@ -113,10 +113,7 @@ class DraftSlots:
             pos = part[:, None] + torch.arange(b)[None, :]  # [n, b]
             inputs = seq.ids[pos].clone()
             inputs[:, 1:] = self.mask_id
-            x = self.embed[inputs.flatten()]  # [n*b, H]
-            if self.hints is not None:
-                hint_ids, hint_n = self.hints(seq, part, b)
-                x = self.draft.block_inputs(x, self.embed[hint_ids.flatten()], hint_n.flatten())
+            x = block_embeds(self.draft, self.embed, self.hints, seq, part, inputs)  # [n*b, H]
             hidden = self.draft(x[None], pos.flatten(), ctx,
                                 block_attention_mask(part, T, b)[None, None])[0].view(len(part), b, -1)
             out.append(self.vocab[(hidden[:, 1:] @ self.head.T).argmax(-1)])

@@ -25,8 +25,8 @@ from dflash.training.fit_checks import STATE_NAME, check_against_data, check_res
 from dflash.training.data_config import check_run_out
 from dflash.training.fit_config import FitConfig, corpus_fingerprint, read_data_meta
 from dflash.training.interrupt import deferred_interrupt
-from dflash.training.objective import (AnchorHints, block_attention_mask, cosine_lr, default_gamma, on_policy_prefix, partial_mask,
-                                       position_weights, sample_anchors, weighted_loss)
+from dflash.training.objective import (AnchorHints, block_attention_mask, block_embeds, cosine_lr, default_gamma,
+                                       on_policy_prefix, partial_mask, position_weights, sample_anchors, weighted_loss)
 
 log = logging.getLogger("dflash.train")
 
@@ -182,10 +182,7 @@ class Trainer:
         feats = seq["feats"].float()[None]  # [1, T, k*H]
         ctx_kv = self.draft.context_kv(feats, torch.arange(T))
         mask = block_attention_mask(anchors, T, b)[None, None]  # [1, 1, nb*b, T + nb*b]
-        x = self.embed[inputs.flatten()]  # [nb*b, H]
-        if self.hints is not None:
-            hint_ids, hint_n = self.hints(seq, anchors, b)  # [nb, b] each
-            x = self.draft.block_inputs(x, self.embed[hint_ids.flatten()], hint_n.flatten())
+        x = block_embeds(self.draft, self.embed, self.hints, seq, anchors, inputs)  # [nb*b, H]
         hidden = self.draft(x[None], pos.flatten(), ctx_kv, mask)[0]  # [nb*b, H]
         sel = masked.flatten()
         labels = self.remap[truth.flatten()[sel]]

@@ -124,6 +124,17 @@ def cosine_lr(step: int, total: int, peak: float, warmup_frac: float = 0.04, flo
     return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def block_embeds(draft, embed: torch.Tensor, hints: AnchorHints | None, seq, anchors: torch.Tensor,
+                 inputs: torch.Tensor) -> torch.Tensor:
+    """The input of blocks `inputs` [nb, b] (token ids) at `anchors` of `seq`: their embeddings [nb*b, H] (`embed`
+    [V, H], the target's), plus a hinted draft's hints (`hints` None: z-lab's draft)."""
+    x = embed[inputs.flatten()]
+    if hints is None:
+        return x
+    hint_ids, hint_n = hints(seq, anchors, inputs.shape[1])  # [nb, b] each
+    return draft.block_inputs(x, embed[hint_ids.flatten()], hint_n.flatten())
+
+
 class AnchorHints:
     """A hinted draft's copy hints at the anchors of stored sequences, as the engine computes them at inference
     (`dflash.decode.lookup.block_hints` over the ids up to the anchor). Each sequence's match table is computed
