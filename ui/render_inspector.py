@@ -157,7 +157,6 @@ def _hint_row(info: BlockInfo) -> str:
     return f'<tr class="row-hint"><th scope="row">copy hints</th>{"".join(cells)}</tr>'
 
 
-
 def _cell_html(c: dict, is_verify: bool) -> str:
     """One cell of `inspector_grid` as a table cell (every text escaped)."""
     k = c["kind"]

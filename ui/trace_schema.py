@@ -18,7 +18,8 @@ from typing import Any, NamedTuple
 from dflash.decode import events as ev
 from dflash.decode.attention import MAX_TOP_K
 from dflash.errors import ValidationError
-from dflash.decode.request import MAX_BLOCK_SIZE, MAX_DEADLINE_S, MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, MAX_STEPS, Request
+from dflash.decode.request import (MAX_BLOCK_SIZE, MAX_DEADLINE_S, MAX_NEW_TOKENS, MAX_NGRAM, MAX_PROMPT_TOKENS, MAX_STEPS,
+                                   Request)
 from dflash.decode.stats import LATER_STATS, compute_stats
 from dflash.verification.verify import NO_GAP
 
@@ -242,7 +243,7 @@ FIELD_RULES: dict[str, dict[str, Rule]] = {
     "DraftStep": {"block": BLOCK, "step": integer(0, MAX_STEPS - 1), "n_steps": integer(1, MAX_STEPS), "start": POSITION,
                   "tokens": IDS, "token_texts": TEXTS, "masked": FLAGS, "committed": FLAGS, "ms": MS,
                   "attention": attention_rule, "hints": optional_list(IDS), "hint_texts": optional_list(TEXTS),
-                  "hint_n": optional_list(listed(_is_int(0, 8), "integers in [0, 8]", MAX_BLOCK_SIZE)),
+                  "hint_n": optional_list(listed(_is_int(0, MAX_NGRAM), f"integers in [0, {MAX_NGRAM}]", MAX_BLOCK_SIZE)),
                   "confidences": listed(_is_number(0.0, 1.0), "finite numbers in [0.0, 1.0]", MAX_BLOCK_SIZE)},
     "Verify": {"block": BLOCK, "start": POSITION, "block_size": SIZE, "draft_tokens": IDS, "draft_texts": TEXTS,
                "target_tokens": IDS, "target_texts": TEXTS, "accepted": FLAGS, "accepted_len": integer(0, MAX_BLOCK_SIZE - 1),

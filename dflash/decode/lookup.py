@@ -121,11 +121,11 @@ def match_table(ids: list[int], n_max: int) -> list[tuple[int, int]]:
     out = []
     for a in range(len(ids)):
         found = (0, -1)
-        for n in range(n_max, 0, -1):
-            if a >= n:  # NgramIndex needs len(tokens) > n: an n-gram with a token before it
-                j = last[n].get(tuple(ids[a - n + 1 : a + 1]))
-                if j is not None and found == (0, -1):
-                    found = (n, j)
+        for n in range(min(n_max, a), 0, -1):  # NgramIndex needs len(tokens) > n: an n-gram with a token before it
+            j = last[n].get(tuple(ids[a - n + 1 : a + 1]))
+            if j is not None:
+                found = (n, j)
+                break
         out.append(found)
         for n in range(1, n_max + 1):
             if a >= n - 1:

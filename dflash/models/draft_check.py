@@ -21,7 +21,7 @@ SIZE_BOUNDS = {"hidden_size": (1, 65536), "num_hidden_layers": (1, 64), "num_att
                "num_key_value_heads": (1, 1024), "head_dim": (2, 4096), "intermediate_size": (1, 1 << 20),
                "vocab_size": (1, 1 << 22), "num_target_layers": (1, 1024), "block_size": (2, 1024),
                "max_position_embeddings": (1, 1 << 24), "mask_token_id": (0, (1 << 22) - 1),
-               "hint_ngram": (0, 8)}
+               "hint_ngram": (0, 8)}  # 8: dflash.decode.request.MAX_NGRAM (this layer sits below decode)
 
 
 def _shown(value: object) -> str:

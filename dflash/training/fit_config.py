@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dflash.decode.request import MAX_NGRAM
 from dflash.errors import ValidationError
 from dflash.models.draft_check import MASK_TOKEN_ID
 from dflash.training.data_config import shard_problem
@@ -57,8 +58,8 @@ class FitConfig:
         if self.train_only and not (self.hint_ngram and self.init_from):
             raise ValidationError("--train-only", "hint trains a hinted draft's hint weights alone: it needs --hint-ngram "
                                                   "and --init-from")
-        if not 0 <= self.hint_ngram <= 8:
-            raise ValidationError("--hint-ngram", f"must be in [0, 8], got {self.hint_ngram}")
+        if not 0 <= self.hint_ngram <= MAX_NGRAM:
+            raise ValidationError("--hint-ngram", f"must be in [0, {MAX_NGRAM}], got {self.hint_ngram}")
         if self.onpolicy_blocks not in (0, 1):
             raise ValidationError("--onpolicy-blocks", f"must be 0 or 1, got {self.onpolicy_blocks}")
         for name, lo in (("layers", 1), ("block_size", 2), ("steps", 1), ("seqs_per_step", 1), ("anchors_per_seq", 1),
