@@ -98,7 +98,7 @@ def test_a_grid_over_max_seconds_is_refused_with_its_estimate(models, tmp_path, 
 def test_ctrl_c_keeps_the_finished_cells_and_resume_finishes_without_them(models, tmp_path):
     """SIGINT once the first cell is written: exit 130 with the cells finished so far, in one line; --resume measures
     only the others (the kept cell's samples, timings included, are those of the first process)."""
-    prompts = write_jsonl(tmp_path / "many.jsonl", PROMPTS * 8)
+    prompts = write_jsonl(tmp_path / "many.jsonl", PROMPTS * 4)
     out = tmp_path / "s.json"
     argv = sweep_argv(models, out, "--set", "block_size=2,3,4", "--max-new-tokens", "24", "--repeats", "1",
                       prompts=prompts)

@@ -132,13 +132,14 @@ def test_a_truncated_shard_is_named_before_anything_loads(data_dir, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_a_resumed_data_run_makes_a_truncated_last_shard_again(target_dir, tmp_path):
-    """`train data-tf` resumed over a shard cut short: was a SafetensorError traceback naming no shard."""
+def test_a_resumed_data_run_makes_a_truncated_last_shard_again(target_dir, tmp_path, train):
+    """`train data-tf` resumed over a shard cut short: was a SafetensorError traceback naming no shard. The first run
+    in this process, the resumed one as a user runs it."""
     from safetensors.torch import load_file
 
     run = ["data-tf", "--target", str(target_dir), "--out", str(tmp_path / "tf"), "--max-prompt-tokens", "40",
            "--max-response-tokens", "4", "--layers", "1", "--batch-size", "2", "--conversations", "4", "--threads", "1"]
-    assert train_process(*run).returncode == 0
+    assert train(*run).returncode == 0
     last = tmp_path / "tf" / "shard_00001.safetensors"
     made = {k: v.clone() for k, v in load_file(str(last)).items()}  # not the mapped file, which is cut next
     cut_in_half(last)

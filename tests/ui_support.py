@@ -105,6 +105,17 @@ def paced_text_engine(block_size: int = 8, delay_s: float = 0.05) -> Engine:
 
 
 @contextmanager
+def paced(engine: Engine, delay_s: float = 0.05) -> Iterator[None]:
+    """A paced engine's forward passes wait `delay_s` inside the block only (a test that must press Stop or queue
+    behind a run), so the module's other tests do not wait on every token."""
+    before, engine.target.delay_s = engine.target.delay_s, delay_s
+    try:
+        yield
+    finally:
+        engine.target.delay_s = before
+
+
+@contextmanager
 def served_tiny_app(play_delay_s: float) -> Iterator[str]:
     """The playground on the tiny text engine (blocks of 8), served on a free port; yields its URL. `play_delay_s`:
     Play's pause between frames."""

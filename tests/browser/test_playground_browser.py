@@ -50,9 +50,18 @@ def app():
     from tests.ui_support import paced_text_engine
 
     torch.set_num_threads(1)
-    a = launch(paced_text_engine(block_size=8, delay_s=0.05))  # ≥ 20 s for 400 tokens: time to press Stop
+    a = launch(paced_text_engine(block_size=8, delay_s=0.0))  # paced only where a test must press Stop (`paced`)
     yield a
     a.demo.close()
+
+
+@pytest.fixture
+def pace(app):
+    """The app's target waits 0.05 s per forward pass during the test (≥ 20 s for 400 tokens: time to press Stop)."""
+    from tests.ui_support import paced
+
+    with paced(app.engine, 0.05):
+        yield
 
 
 ACCORDION = {"max-new-tokens": "Sampling and length", "acceptance": "Draft and verification",
@@ -83,7 +92,7 @@ def set_slider(page, elem_id: str, value: float) -> None:
     expect(box).to_have_value(str(value))
 
 
-def test_a_visitor_waiting_in_the_queue_sees_their_place(app, browser):
+def test_a_visitor_waiting_in_the_queue_sees_their_place(app, browser, pace):
     """One generation runs at a time: a second visitor's Generate waits, and their status line shows the queue
     position and wait (before, the progress was hidden and nothing on their page changed until their turn)."""
     first, second = open_page(browser, app.url), open_page(browser, app.url)
@@ -106,7 +115,7 @@ def test_a_visitor_waiting_in_the_queue_sees_their_place(app, browser):
         second.close()
 
 
-def test_generate_stream_inspect_stop_and_replay(app, browser):
+def test_generate_stream_inspect_stop_and_replay(app, browser, pace):
     ARTIFACTS.mkdir(exist_ok=True)
     page = open_page(browser, app.url)
     expect(page.locator("#token-stream")).to_contain_text("Press Generate")
@@ -345,7 +354,7 @@ def test_keyboard_reaches_every_token_with_a_visible_focus_and_the_text_is_legib
         page.close()
 
 
-def test_a_screen_reader_hears_how_a_run_ends_not_its_progress(app, browser):
+def test_a_screen_reader_hears_how_a_run_ends_not_its_progress(app, browser, pace):
     """The status line changes many times a second during a run, so it is not a live region; a hidden one (role
     status) announces what it ends on — the finished run, a loaded trace — and none of the progress lines."""
     page = open_page(browser, app.url)
