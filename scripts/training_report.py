@@ -349,7 +349,8 @@ def verdict(ev: dict) -> str:
 
 
 def main() -> None:
-    from hinted_report import hinted_text  # scripts/: this script's folder, on the path when it runs
+    from default_eval_report import evaluated_text  # scripts/: this script's folder, on the path when it runs
+    from hinted_report import hinted_text
 
     shipped = json.loads((RES / "shipped.json").read_text())
     runs = shipped.get("lineage") or [shipped["run"]]  # a warm-started run follows the run it started from
@@ -372,7 +373,7 @@ def main() -> None:
         fit_cmd="\n    ".join(fit_cmds), curve_table="\n".join(curve_rows(runs + also, tuple(also))), curve_cmd="\n    ".join(
             shipped.get("curve_commands") or [shipped.get("curve_command", "")]),
         ablation_sections=ablation_sections(shipped), copy_gap=copy_gap_text(shipped), budget=budget_text(),
-        diagnostics=diagnostics_text(), hinted=hinted_text(),
+        diagnostics=diagnostics_text(), hinted=hinted_text(), evaluated=evaluated_text(slope),
         layers=cfg["layers"],
         eval_table="\n".join(ev_rows), eval_cmds="\n".join(f"    {c}" for c in shipped.get("eval_commands", [])),
         cpu=machine["cpu_model"], flags=flags, torch=machine["torch"], threads=cfg.get("threads"),
