@@ -242,10 +242,10 @@ def test_a_draft_whose_config_is_not_a_drafts_is_refused_in_one_line(models, tmp
     assert_option_error(proc, f"--draft: {says}")
 
 
-def test_json_output_and_trace_of_a_normal_run(models, tmp_path):
+def test_json_output_and_trace_of_a_normal_run(models, tmp_path, here):
     trace = tmp_path / "t.jsonl"
-    proc = generate("--target", str(models / "target"), "--no-draft", "--prompt-ids", "5,6,7", "--max-new-tokens", "9",
-                    "--json", "--trace", str(trace))
+    proc = here("--target", str(models / "target"), "--no-draft", "--prompt-ids", "5,6,7", "--max-new-tokens", "9",
+                "--json", "--trace", str(trace))
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["finish_reason"] == "length" and len(out["output_ids"]) == 9
