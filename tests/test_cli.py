@@ -304,15 +304,19 @@ def test_ctrl_c_stops_cleanly_with_partial_output_and_a_complete_trace(models, t
 
 
 def test_the_host_settings_are_probed_once_then_read_back(models, tmp_path, here, monkeypatch):
-    """The CPU settings (dtype, threads, layout) chosen by the probe appear in --json; a second start reads them from
-    the per-machine cache; what the user fixes is kept."""
+    """The CPU settings (dtype, threads, layout) chosen by the probe appear in --json; a second start (here, `main` in
+    this process) reads them from the per-machine cache; what the user fixes is kept."""
     env = {**ENV, "DFLASH_CACHE": str(tmp_path)}
     run = ["--target", str(models / "target"), "--draft", str(models / "draft"), "--prompt-ids", "5,6,7",
            "--max-new-tokens", "4", "--json"]
     first = json.loads(generate(*run, env=env).stdout)["settings"]
     assert first["source"] == "probe" and first["block"] == 4 and first["dtype"] in ("float32", "bfloat16")
     assert {r["dtype"] for r in first["candidates"]} == {"float32", "bfloat16"}
-    again = json.loads(generate(*run, env=env).stdout)["settings"]
+    from dflash.loading import load
+
+    with monkeypatch.context() as m:  # the second start in this process, reading the first one's cache
+        m.setattr(load, "CACHE_DIR", tmp_path)
+        again = json.loads(here(*run).stdout)["settings"]
     assert again["source"] == "cache" and again["candidates"] == first["candidates"]
     # What the user fixes, in this process (its session's cache: a probe there or a choice read back, fixed alike).
     fixed = here(*run, "--dtype", "float32", "--threads", "1")
