@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hinted_report import identical_words  # scripts/: this script's folder, on the path when it runs
+
 EVAL = Path(__file__).resolve().parent.parent / "results" / "eval"
 SETS = {"mt-bench": "MT-Bench", "humaneval": "HumanEval"}
 TAU_TARGET, DRAFT_TAU_TARGET = 2.2, 1.7
@@ -45,18 +47,13 @@ def row(set_name: str, doc: dict, draft: str = "shipped") -> str:
     s = doc["summary"]
     ar, alone, chain = s["ar"], s["dflash"], s["dflash-lookup"]
 
-    def same(m: dict) -> str:
-        i = m["identical"]
-        ties = f" ({i['n_ties']} at ties)" if i["n_ties"] else ""
-        return f"{i['n_identical']}/{i['n_compared']}{ties}" + (f", **{i['n_errors']} errors**" if i["n_errors"] else "")
-
     def cell(m: dict) -> str:
         return f"**{m['tau']:.2f}** ({m['speedup']['decode']['speedup']:.2f}×)"
 
     split = needed_draft_tau(doc)
     copy = f"{split[0]:.0%}, draft τ there {split[1]:.2f}" if split else "–"
     return (f"| {SETS[set_name]} ×{s['ar']['n_prompts']} | {draft} | {doc['models']['dtype']} | {ar['tokens_per_s']:.1f} | "
-            f"{cell(alone)} | {cell(chain)} | {copy} | {same(alone)} · {same(chain)} |")
+            f"{cell(alone)} | {cell(chain)} | {copy} | {identical_words(alone['identical'])} · {identical_words(chain['identical'])} |")
 
 
 def targets(docs: dict) -> list[str]:
