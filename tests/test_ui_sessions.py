@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from dflash.errors import BusyError
@@ -77,6 +80,34 @@ def test_a_replay_is_refused_while_a_generation_runs_and_a_generation_stops_a_re
     assert replay.is_set() and not newer.is_set()  # a new replay replaces the old one
     generation = runs.begin("s", GENERATION)
     assert newer.is_set() and not generation.is_set()  # a generation stops the running replay
+
+
+def test_stop_replay_returns_once_the_replay_loop_has_ended():
+    """Pause and the frame controls wait for the playing loop to end, so its last frame reaches the page before theirs
+    (Gradio's own cancel raced its closing message and showed "Error"); a generation is left alone."""
+    runs = SessionRuns()
+    flag, ended = runs.begin("s", REPLAY), []
+
+    def loop():  # a replay's loop: it sees the flag between frames, then ends
+        flag.wait()
+        time.sleep(0.2)
+        ended.append(time.monotonic())
+        runs.end("s", flag)
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    runs.stop_replay("s")
+    returned = time.monotonic()
+    thread.join()
+    assert flag.is_set() and ended and ended[0] <= returned
+    stuck = runs.begin("s", REPLAY)  # a loop that never ends: the wait is bounded
+    start = time.monotonic()
+    runs.stop_replay("s", timeout_s=0.2)
+    assert stuck.is_set() and 0.2 <= time.monotonic() - start < 2
+    runs.end("s", stuck)
+    gen = runs.begin("s", GENERATION)
+    runs.stop_replay("s")
+    assert not gen.is_set()
 
 
 def test_forget_stops_the_run_and_its_queued_requests():

@@ -14,7 +14,6 @@ import datetime as dt
 import math
 import tempfile
 import threading
-import time
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -376,14 +375,19 @@ class Playground:
         n = replay.n_frames
         start = _frame_index(frame, replay)
         start = 0 if start >= n - 1 else start
+        self.runs.stop_replay(session)  # a replay already playing sends its last frame before this one's first
         cancel = self.runs.begin(session, REPLAY)  # BusyError while a generation of this session runs
         try:
             for f in range(start, n):
+                charts = isinstance(replay.last_event(f), (ev.Commit, ev.Finished, ev.Started))
+                out = {**self.show_frame(state, f, block, show_rejected, charts=charts), "replay": f}
+                # Stopped while drawing: the frame is not sent (the control that stopped it draws its own), and
+                # the wait between frames ends at once.
                 if cancel.is_set():
                     break
-                charts = isinstance(replay.last_event(f), (ev.Commit, ev.Finished, ev.Started))
-                yield {**self.show_frame(state, f, block, show_rejected, charts=charts), "replay": f}
-                time.sleep(self.settings.play_delay_s)
+                yield out
+                if cancel.wait(self.settings.play_delay_s):
+                    break
         finally:
             self.runs.end(session, cancel)
 

@@ -38,6 +38,7 @@ class SessionRuns:
     def __init__(self, max_waiting: int = 8) -> None:
         self.max_waiting = max_waiting
         self._lock = threading.Lock()
+        self._ended = threading.Condition(self._lock)  # notified when a run ends (`stop_replay` waits on it)
         self._active: dict[str, tuple[threading.Event, str]] = {}  # session → (Stop flag, GENERATION | REPLAY)
         self._waiting: dict[str, weakref.WeakSet] = {}  # session → tickets admitted to the queue, not started yet
         self._stopped: weakref.WeakSet = weakref.WeakSet()  # the waiting tickets that Stop reached
@@ -94,6 +95,18 @@ class SessionRuns:
             self._looks.pop(flag, None)
             if session in self._active and self._active[session][0] is flag:
                 del self._active[session]
+            self._ended.notify_all()
+
+    def stop_replay(self, session: str, timeout_s: float = 2.0) -> None:
+        """Stop the session's replay, if one plays, and wait until its loop has ended (at most `timeout_s`): every
+        frame it sent is then on its way to the page before whatever the caller draws next. A generation is left
+        alone (it refuses a replay)."""
+        with self._ended:
+            active = self._active.get(session)
+            if active is None or active[1] != REPLAY:
+                return
+            active[0].set()
+            self._ended.wait_for(lambda: self._active.get(session) is not active, timeout_s)
 
     def look(self, session: str) -> Any:
         """How the session's running generation is shown (its RunLook), or None when none runs: the replay

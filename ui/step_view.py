@@ -2,7 +2,7 @@
 the Replay tab (bundled and uploaded traces, the frame slider).
 
 Play and Pause are two buttons in one place, one shown at a time: Play's stream shows Pause when it starts and Play
-again when it ends; every other replay control (and a loaded trace) cancels the stream and shows Play itself.
+again when it ends; every other replay control (and a loaded trace) stops the stream and shows Play itself.
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ from .handlers import CONTROL_KEYS, STOPPED_IN_QUEUE, USER_ERRORS, VIEW_KEYS, Pl
 from .live import dtype_of
 from .render_stats import tie_only
 from .replay import recorded_controls
-from .sessions import REPLAY
 from .step_view import NO_CHANGE, PAUSED, PLAYING
 from .text import REPLAY_WAITS
 
@@ -211,18 +210,17 @@ def _wire_settings(provider: EngineProvider, ui: dict[str, Any], initial: dict[s
 
 
 def _stop_playing(pg: Playground, session: str) -> None:
-    """Stop the session's replay (Play) if one runs: a replay that starts stops the one before it, and this one ends
-    at once. A running generation is left alone (it refuses a replay)."""
-    try:
-        pg.runs.end(session, pg.runs.begin(session, REPLAY))
-    except BusyError:
-        pass
+    """Stop the session's replay (Play) if one runs, and wait for its last frame to be sent: the frame drawn next
+    is never overwritten by a late one. A running generation is left alone (it refuses a replay)."""
+    pg.runs.stop_replay(session)
 
 
 def _wire_replay(pg: Playground, ui: dict[str, Any], outputs: list) -> None:
     """Bundled and uploaded traces, the step slider and buttons, Play / Pause, the block picker and the rejected
-    switch. Every control but Play cancels a playing replay, in the page (its late frames are dropped) and on the
-    server (its loop ends), and shows Play again; a loaded trace also sets the controls it was recorded with."""
+    switch. Every control but Play stops a playing replay on the server and waits for its loop to end, then shows
+    Play again; a loaded trace also sets the controls it was recorded with. Not Gradio's `cancels`: a cancelled
+    stream's closing message raced the page's own cancel, and the replay label showed "Error" about one time in
+    four on a busy machine."""
     show = ui["show_rejected"]
     replay_inputs = [ui["trace"], ui["replay"], ui["inspect_block"], show]
     buttons = [ui["play"], ui["pause"]]
@@ -252,15 +250,17 @@ def _wire_replay(pg: Playground, ui: dict[str, Any], outputs: list) -> None:
         if started and not ended:
             yield pack({}) + PAUSED
 
-    play = ui["play"].click(on_play, replay_inputs, outputs + buttons, api_name="play", concurrency_limit=8, **quiet)
-    stops = {"cancels": [play]}
+    # "multiple": Play pressed again just after Pause starts at once (the stopped stream's last message may not
+    # have reached the page yet, and the default "once" would drop the click).
+    ui["play"].click(on_play, replay_inputs, outputs + buttons, api_name="play", concurrency_limit=8,
+                     trigger_mode="multiple", **quiet)
 
     def on_pause(request: gr.Request):
         _stop_playing(pg, request.session_hash)
         return PAUSED
 
-    ui["pause"].click(on_pause, None, buttons, api_visibility="private", queue=False, show_progress="hidden", **stops)
-    _wire_loading(pg, ui, outputs, buttons, {**loud, **stops})
+    ui["pause"].click(on_pause, None, buttons, api_visibility="private", queue=False, show_progress="hidden")
+    _wire_loading(pg, ui, outputs, buttons, loud)
 
     def frame_handler(draw: Callable[..., dict[str, Any]]) -> Callable[..., tuple]:
         """A replay control's handler: pauses a playing replay and draws `draw(trace, frame, block, show_rejected)`,
@@ -283,20 +283,20 @@ def _wire_replay(pg: Playground, ui: dict[str, Any], outputs: list) -> None:
 
     # `input`, not `release`: arrow keys and a value typed into the slider's box fire input only (release waits for the
     # box to lose focus); while a pointer drags, the last value wins.
-    scrub = {"trigger_mode": "always_last", **quiet, **stops}
+    scrub = {"trigger_mode": "always_last", **quiet}
     steps = outputs + buttons
     ui["replay"].input(frame_handler(pg.show_frame), replay_inputs, steps, api_name="show_frame", **scrub)
     ui["prev"].click(frame_handler(lambda t, f, b, s: pg.step(t, f, -1, b, s)), replay_inputs, steps,
-                     api_name="step_prev", **quiet, **stops)
+                     api_name="step_prev", **quiet)
     ui["next"].click(frame_handler(lambda t, f, b, s: pg.step(t, f, 1, b, s)), replay_inputs, steps,
-                     api_name="step_next", **quiet, **stops)
+                     api_name="step_next", **quiet)
     ui["inspect_block"].input(frame_handler(lambda t, f, b, s: pg.show_frame(t, f, b, s, charts=False)),
                               replay_inputs, steps, api_visibility="private", **scrub)
     ui["show_rejected"].change(on_show_rejected, replay_inputs, outputs, api_visibility="private", **quiet)
 
 
 def _wire_loading(pg: Playground, ui: dict[str, Any], outputs: list, buttons: list, run: dict[str, Any]) -> None:
-    """Load a bundled trace or upload one (`run`: their event settings, cancelling Play): what played stops, and a
+    """Load a bundled trace or upload one (`run`: their event settings): what played stops, and a
     trace that loaded sets the prompt and the controls it was recorded with (a refused one leaves them)."""
     show, controls = ui["show_rejected"], [ui[k] for k in RECORDED]
     numerics = ui.get("numerics")  # the trace's dtype (its hardware line's last word) where this host offers it

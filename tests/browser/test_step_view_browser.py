@@ -1,7 +1,8 @@
 """The step view in Debian's Chromium (Playwright): Prev / Play-Pause / Next beside the block inspector and their keys,
 a loaded or uploaded trace stopping what plays and setting the controls it was recorded with, and chart notes that
-fit on a desktop and on a phone. One page for the module (the tests run in order on it). Skipped cleanly when
-Chromium or Playwright is missing."""
+fit on a desktop and on a phone. One page for the module; each test loads the trace it starts from (under
+`--dist worksteal` a test can run on another worker than the one before it). Skipped cleanly when Chromium or Playwright
+is missing."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ pytestmark = [pytest.mark.browser,
 browser = harness.browser  # the same fixture: one Chromium for this module
 expect = harness.expect
 LABEL = "#replay-label"
+CODE = "Code · SmolLM2 + trained draft, block 8, 2 denoising steps"
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +55,13 @@ def load_bundled(page, title_start: str) -> None:
     expect(page.locator("#status")).to_contain_text(f"Loaded bundled trace: {title_start}")
 
 
+def shown(page, title_start: str) -> None:
+    """The trace `title_start` loaded, unless the status says it is already (a second load of it would leave the
+    status as it was, and the test could go on before the load's reply came)."""
+    if title_start not in page.locator("#status").inner_text():
+        load_bundled(page, title_start)
+
+
 def settled(page) -> None:
     """Wait until the frame label shows no event in progress: a frame asked for while another is still being drawn
     could be overwritten by the older one's reply (they run outside the queue, side by side)."""
@@ -75,7 +84,7 @@ def in_accordion(page, selector: str, accordion: str):
 def test_loading_a_bundled_trace_sets_the_prompt_and_its_controls(page):
     """The code trace was recorded with 2 denoising steps and a 0.5 confidence threshold: loading it sets those (before,
     Denoising steps stayed at 1 and the prompt box empty, so Generate ran something else)."""
-    load_bundled(page, "Code · SmolLM2 + trained draft, block 8, 2 denoising steps")
+    load_bundled(page, CODE)
     expect(page.locator("#prompt textarea")).to_have_value(dict(EXAMPLES)["Code"])
     expect(page.locator("#steps input[type=number]")).to_have_value("2")
     expect(page.locator("#confidence input[type=number]")).to_have_value("0.5")
@@ -89,6 +98,7 @@ def test_loading_a_bundled_trace_sets_the_prompt_and_its_controls(page):
 def test_the_step_buttons_sit_on_the_inspector_and_the_keys_move_it(page):
     """Prev / Play / Next directly above the block inspector (they were ~1,250 px below it); ← → step and space plays
     and pauses, except while typing; a key brings the inspector back into view."""
+    shown(page, CODE)
     bar, insp = page.locator("#step-next").bounding_box(), page.locator("#block-inspector").bounding_box()
     assert 0 <= insp["y"] - (bar["y"] + bar["height"]) < 80
     done = last_frame_label("code.json")
@@ -133,6 +143,7 @@ def test_the_step_buttons_sit_on_the_inspector_and_the_keys_move_it(page):
 def test_uploading_while_play_runs_stops_it_and_shows_the_new_trace(page):
     """Before, the status said "Loaded upload trace" while the old trace went on playing over it; now the upload stops
     the playback, shows the new trace at its end, and sets the controls it was recorded with (slow-start, 1 step)."""
+    shown(page, CODE)
     page.click("#play")
     expect(page.locator("#pause")).to_be_visible()
     expect(page.locator(LABEL)).not_to_contain_text("finished")
@@ -186,7 +197,8 @@ def assert_chart_texts_fit(page, width: int) -> None:
 def test_the_chart_texts_and_the_controllers_notes_fit_on_a_desktop_and_a_phone(page):
     """The block-length chart's decisions were cut to 28 characters ("probe the cost of size 2 (o…"): now each is
     written whole, and every chart text lies inside its chart, at 1440 px and at 390 px: for the slow-start trace
-    loaded above, then for a run of the cost policy (whose reasons are the longest)."""
+    loaded first, then for a run of the cost policy (whose reasons are the longest)."""
+    shown(page, "Maths")
     try:
         for width in (1440, 390):
             assert_chart_texts_fit(page, width)
