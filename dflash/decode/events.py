@@ -148,8 +148,9 @@ EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in (Started, Prefill, 
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:
-    """Plain dict with a "type" key; JSON-serialisable."""
-    return {"type": type(event).__name__, **dataclasses.asdict(event)}
+    """Plain dict with a "type" key; JSON-serialisable. Its values are the event's own lists and dicts, not copies
+    (`dataclasses.asdict` deep-copied them: 6 of a 17 MB trace's 10 s upload): serialise it, never change it."""
+    return {"type": type(event).__name__, **{f.name: getattr(event, f.name) for f in dataclasses.fields(event)}}
 
 
 def event_from_dict(data: dict[str, Any]) -> Event:
