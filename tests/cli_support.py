@@ -6,6 +6,7 @@ from __future__ import annotations
 import resource
 import signal
 import subprocess
+import sys
 
 
 def interruptible() -> None:
@@ -37,6 +38,9 @@ def run_main(main, argv: list[str], capsys) -> subprocess.CompletedProcess:
         code = exc.code
     finally:
         torch.set_num_threads(threads)
+    if isinstance(code, str):  # SystemExit("message"): Python prints it on stderr and exits with status 1
+        print(code, file=sys.stderr)
+        code = 1
     out, err = capsys.readouterr()
     return subprocess.CompletedProcess(argv, 0 if code is None else code, out, err)
 

@@ -186,15 +186,15 @@ def test_the_shipped_draft_proposes_the_same_with_capture(real_target):
 models, here = test_cli.models, test_cli.here  # its fixtures: a tiny target directory and a draft that fits it
 
 
-def test_cli_records_the_attention_in_its_trace(models, tmp_path):
+def test_cli_records_the_attention_in_its_trace(models, tmp_path, here):
     trace = tmp_path / "t.jsonl"
     base = ["--target", str(models / "target"), "--draft", str(models / "draft"), "--prompt-ids", "5,6,7,8,9",
             "--max-new-tokens", "8", "--lookup-ngram", "0", "--adaptive", "fixed", "--json", "--trace", str(trace)]
-    proc = test_cli.generate(*base, "--trace-attention")
+    proc = here(*base, "--trace-attention")
     assert proc.returncode == 0, proc.stderr
     steps = steps_of(parse_trace(trace.read_text()).events)
     assert steps and all(s.attention is not None and s.attention["anchor"] == s.start for s in steps)
-    assert json.loads(proc.stdout)["output_ids"] == json.loads(test_cli.generate(*base).stdout)["output_ids"]
+    assert json.loads(proc.stdout)["output_ids"] == json.loads(here(*base).stdout)["output_ids"]
     assert all(s.attention is None for s in steps_of(parse_trace(trace.read_text()).events))  # the plain run's trace
 
 

@@ -1,5 +1,6 @@
 """`python app.py` (ui/serve.py) as an operator starts it: `--draft DIR` serves the default target with a draft the
-operator trained, and every wrong --draft is one line naming it, exit status 2, before anything is served."""
+operator trained, and every wrong --draft is one line naming it, exit status 2, before anything is served. Starts
+that load a model and stop run `main(argv)` in this process (`here`); the rest start app.py itself."""
 
 from __future__ import annotations
 
@@ -123,14 +124,27 @@ def test_a_limit_out_of_its_range_is_one_line(name, value, says):
         f"dflash-playground: error: {says} (usage: python app.py --help)"], proc.stderr
 
 
+@pytest.fixture
+def here(capsys, monkeypatch):
+    """`python app.py ARGV` as `ui.serve.main(argv)` in this process (no fresh interpreter's imports), in this
+    module's environment; what `serve()` returns."""
+    from tests.cli_support import run_main
+    from ui.serve import main
+
+    for name in ("SPACE_ID", "DFLASH_DRAFT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DFLASH_AUTO_INSTALL", "0")
+    return lambda *argv: run_main(main, list(argv), capsys)
+
+
 @pytest.mark.slow
-def test_a_draft_made_for_another_target_is_refused_before_serving(tmp_path):
+def test_a_draft_made_for_another_target_is_refused_before_serving(tmp_path, here):
     """A draft for a deeper target (it reads layer 35 of 40), and one whose config.json is not a draft's."""
     draft = copy_of_the_shipped_draft(tmp_path / "deeper", {"target_layer_ids": [1, 15, 35]}, num_target_layers=40)
     port = ("--port", str(free_port()))  # not 7860, where a playground may be serving already
-    assert_draft_error(serve("--draft", str(draft), *port), "target_layer_ids [35] do not exist in the target (30 layers)")
+    assert_draft_error(here("--draft", str(draft), *port), "target_layer_ids [35] do not exist in the target (30 layers)")
     (draft / "config.json").write_text("{}")
-    assert_draft_error(serve("--draft", str(draft), *port),
+    assert_draft_error(here("--draft", str(draft), *port),
                        "config.json is not a valid DFlash draft config: no 'hidden_size' entry")
 
 
@@ -146,9 +160,10 @@ def test_a_draft_with_absurd_sizes_is_refused_before_anything_loads(tmp_path):
     assert "target_load" not in proc.stderr and "Loading weights" not in proc.stderr
 
 
-def test_a_bad_dflash_kernels_stops_the_start_in_one_line():
+def test_a_bad_dflash_kernels_stops_the_start_in_one_line(here, monkeypatch):
     """Was accepted: the playground served, and every Generate ended in "generation failed (ValueError)"."""
-    proc = serve("--port", str(free_port()), env={**ENV, "DFLASH_KERNELS": "cuda"})
+    monkeypatch.setenv("DFLASH_KERNELS", "cuda")
+    proc = here("--port", str(free_port()))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         "dflash-playground: DFLASH_KERNELS: must be one of auto, triton, reference, got 'cuda'"), proc.stderr
