@@ -1,6 +1,6 @@
 """`python -m dflash sweep` on tiny random models: a grid end to end (JSON, CSV, chart), one-line errors, Ctrl-C keeping
 the finished cells and --resume finishing without measuring them again, --max-seconds. A run and Ctrl-C go through a
-subprocess, as a user runs them; option errors through `main(argv)` in this process."""
+subprocess, as a user runs them; option errors and the resume after Ctrl-C through `main(argv)` in this process."""
 
 from __future__ import annotations
 
@@ -61,9 +61,9 @@ def test_a_two_by_one_grid_end_to_end(models, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_bad_set_exits_2_with_one_line(models, tmp_path):
-    """Through the entry point (a subprocess): named before any model loads."""
-    proc = sweep_process(models, tmp_path / "s.json", "--set", "block_size=2,100")
+def test_a_bad_set_exits_2_with_one_line(models, tmp_path, sweep):
+    """Named before any model loads."""
+    proc = sweep(models, tmp_path / "s.json", "--set", "block_size=2,100")
     assert_option_error(proc, "--set")
     assert "block_size: must be in [1, 64], got 100" in proc.stderr and not (tmp_path / "s.json").exists()
 
@@ -95,9 +95,11 @@ def test_a_grid_over_max_seconds_is_refused_with_its_estimate(models, tmp_path, 
     assert not (tmp_path / "s.json").exists()
 
 
-def test_ctrl_c_keeps_the_finished_cells_and_resume_finishes_without_them(models, tmp_path):
-    """SIGINT once the first cell is written: exit 130 with the cells finished so far, in one line; --resume measures
-    only the others (the kept cell's samples, timings included, are those of the first process)."""
+def test_ctrl_c_keeps_the_finished_cells_and_resume_finishes_without_them(models, tmp_path, capsys):
+    """SIGINT once the first cell is written: exit 130 with the cells finished so far, in one line; --resume (in this
+    process) measures only the others (the kept cell's samples, timings included, are those of the first process)."""
+    from dflash.cli import main
+
     prompts = write_jsonl(tmp_path / "many.jsonl", PROMPTS * 4)
     out = tmp_path / "s.json"
     argv = sweep_argv(models, out, "--set", "block_size=2,3,4", "--max-new-tokens", "24", "--repeats", "1",
@@ -114,8 +116,7 @@ def test_ctrl_c_keeps_the_finished_cells_and_resume_finishes_without_them(models
     assert 1 <= len(kept) < 3 and not load_sweep(out.read_text())["complete"]
     assert err.rstrip().endswith(f"interrupted: {len(kept)} of 3 cells saved in {out}; the same command with --resume "
                                  "continues it"), err
-    again = subprocess.run([sys.executable, "-m", "dflash", *argv, "--resume"], cwd=ROOT, env=ENV, capture_output=True,
-                           text=True, timeout=240)
+    again = run_main(main, [*argv, "--resume"], capsys)
     assert again.returncode == 0, again.stderr
     doc = load_sweep(out.read_text())
     assert doc["complete"] and [c["key"] for c in doc["cells"]] == ["block_size=2", "block_size=3", "block_size=4"]

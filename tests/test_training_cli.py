@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_support import assert_option_error, run_main
-from tests.test_training_data_resume import target_dir  # noqa: F401  (a fixture: a tiny target with a tokenizer)
+from tests.test_training_data_resume import target_dir, train_log_on_stderr  # noqa: F401  (target_dir: a fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -133,8 +133,9 @@ def test_a_truncated_shard_is_named_before_anything_loads(data_dir, tmp_path):
 
 
 def test_a_resumed_data_run_makes_a_truncated_last_shard_again(target_dir, tmp_path, train):
-    """`train data-tf` resumed over a shard cut short: was a SafetensorError traceback naming no shard. The first run
-    in this process, the resumed one as a user runs it."""
+    """`train data-tf` resumed over a shard cut short: was a SafetensorError traceback naming no shard. Both runs in
+    this process (`train data`'s entry point: tests/test_training_data_resume.py), the log on stderr as in a fresh
+    one."""
     from safetensors.torch import load_file
 
     run = ["data-tf", "--target", str(target_dir), "--out", str(tmp_path / "tf"), "--max-prompt-tokens", "40",
@@ -143,7 +144,8 @@ def test_a_resumed_data_run_makes_a_truncated_last_shard_again(target_dir, tmp_p
     last = tmp_path / "tf" / "shard_00001.safetensors"
     made = {k: v.clone() for k, v in load_file(str(last)).items()}  # not the mapped file, which is cut next
     cut_in_half(last)
-    proc = train_process(*run)
+    with train_log_on_stderr():
+        proc = train(*run)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     said = [line for line in proc.stderr.splitlines() if "shard_00001" in line]
     assert len(said) == 1 and said[0].endswith("shard_00001.safetensors is unreadable or truncated (Error while "

@@ -17,7 +17,8 @@ from dflash.decode.engine import Engine
 from dflash.decode.request import Request
 from dflash.training.data import load_shards
 from dflash.training.fit import FitConfig, Trainer
-from tests.cli_support import interruptible
+from tests.cli_support import interruptible, run_main
+from tests.test_training_data_resume import train_log_on_stderr
 
 
 def cfg(data_dir, out, steps):
@@ -268,13 +269,16 @@ def test_ctrl_c_in_train_fit_prints_one_line_and_exits_130(data_dir, tmp_path):
     assert (out / "trainer_state.safetensors").is_file() and "run the same command to resume" in err, err
 
 
-def test_train_fit_ends_by_saying_where_the_draft_is_and_what_to_run_next(data_dir, tmp_path):
+def test_train_fit_ends_by_saying_where_the_draft_is_and_what_to_run_next(data_dir, tmp_path, capsys):
+    """In this process (the entry point: the Ctrl-C test above), the log on stderr as in a fresh one."""
+    from dflash.cli import main
+
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "dflash", "train", "fit", "--data", str(data_dir / "data"), "--out", str(out), "--layers", "1",
-           "--layer-ids", "2", "--block-size", "4", "--steps", "2", "--seqs-per-step", "1", "--draft-vocab", "0",
-           "--mask-token-id", "255", "--threads", "1"]
-    proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    argv = ["train", "fit", "--data", str(data_dir / "data"), "--out", str(out), "--layers", "1", "--layer-ids", "2",
+            "--block-size", "4", "--steps", "2", "--seqs-per-step", "1", "--draft-vocab", "0", "--mask-token-id", "255",
+            "--threads", "1"]
+    with train_log_on_stderr():
+        proc = run_main(main, argv, capsys)
     assert proc.returncode == 0, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert f"done at step 2: the draft is in {out}; measure it with `python -m dflash train eval --draft {out}`" in last
