@@ -22,7 +22,7 @@ from dflash.decode.engine import PREFILL_CHUNK
 from dflash.errors import BusyError
 from dflash.decode.events import Commit
 from dflash.decode.request import Request
-from tests.ui_support import PROMPT, paced_text_engine, tiny_text_engine
+from tests.ui_support import PROMPT, paced, paced_text_engine, tiny_text_engine
 from ui import build_demo, launch_kwargs, torch_thread
 from ui.engines import EngineProvider
 from ui.controls import user_message
@@ -339,7 +339,8 @@ def test_play_is_refused_while_a_generation_of_the_session_runs(paced_app):
         with pytest.raises(AppError, match="a generation is running in this session: Play replays once it has "
                                            "finished"):
             client.predict(0, 0, True, api_name="/play")
-        final = named(job.result(timeout=300))
+        with paced(paced_app.engine, 0.0):  # the rest of the run at full speed
+            final = named(job.result(timeout=300))
         assert "Finished (length)" in final["status"] and "50 tokens" in final["status"]  # it was not stopped
         played = named(client.predict(0, 0, True, api_name="/play"))  # the run just generated, to its end
         assert played["replay"] == final["replay"]["value"] and "finished" in played["replay_label"]
@@ -359,7 +360,8 @@ def test_replay_controls_leave_a_running_generation_alone(paced_app):
             out = named(client.predict(0, 0, True, api_name=api))
             assert out["replay_label"] == REPLAY_WAITS, api
             assert all(unchanged(v) for k, v in out.items() if k != "replay_label"), api
-        final = named(job.result(timeout=300))
+        with paced(paced_app.engine, 0.0):  # the rest of the run at full speed
+            final = named(job.result(timeout=300))
         assert "Finished (length)" in final["status"]
         stepped = named(client.predict(0, 0, True, api_name="/step_next"))
         assert stepped["replay_label"].startswith("Frame 1/")
