@@ -209,12 +209,6 @@ def _wire_settings(provider: EngineProvider, ui: dict[str, Any], initial: dict[s
                       show_progress="hidden", preprocess=False)
 
 
-def _stop_playing(pg: Playground, session: str) -> None:
-    """Stop the session's replay (Play) if one runs, and wait for its last frame to be sent: the frame drawn next
-    is never overwritten by a late one. A running generation is left alone (it refuses a replay)."""
-    pg.runs.stop_replay(session)
-
-
 def _wire_replay(pg: Playground, ui: dict[str, Any], outputs: list) -> None:
     """Bundled and uploaded traces, the step slider and buttons, Play / Pause, the block picker and the rejected
     switch. Every control but Play stops a playing replay on the server and waits for its loop to end, then shows
@@ -256,7 +250,7 @@ def _wire_replay(pg: Playground, ui: dict[str, Any], outputs: list) -> None:
                      trigger_mode="multiple", **quiet)
 
     def on_pause(request: gr.Request):
-        _stop_playing(pg, request.session_hash)
+        pg.runs.stop_replay(request.session_hash)
         return PAUSED
 
     ui["pause"].click(on_pause, None, buttons, api_visibility="private", queue=False, show_progress="hidden")
@@ -269,7 +263,7 @@ def _wire_replay(pg: Playground, ui: dict[str, Any], outputs: list) -> None:
         def handler(trace, frame, block, show_rejected, request: gr.Request):
             if pg.runs.look(request.session_hash) is not None:
                 return pack({"replay_label": REPLAY_WAITS}) + PAUSED
-            _stop_playing(pg, request.session_hash)
+            pg.runs.stop_replay(request.session_hash)
             return pack(_errors(lambda: draw(trace, frame, block, shown_rejected(show_rejected)))) + PAUSED
         return handler
 
@@ -303,11 +297,11 @@ def _wire_loading(pg: Playground, ui: dict[str, Any], outputs: list, buttons: li
     offered = {v for _, v in numerics.choices} if numerics is not None else set()
 
     def on_load_trace(label, show_rejected, request: gr.Request):
-        _stop_playing(pg, request.session_hash)
+        pg.runs.stop_replay(request.session_hash)
         return pack(_errors(lambda: pg.load_bundled(label, shown_rejected(show_rejected))))
 
     def on_upload_trace(path, show_rejected, request: gr.Request):
-        _stop_playing(pg, request.session_hash)
+        pg.runs.stop_replay(request.session_hash)
         return pack(_errors(lambda: pg.load_upload(path, shown_rejected(show_rejected))))
 
     def on_loaded(state):
