@@ -1,12 +1,14 @@
-"""What the CLI's tests share: a bad option's one-line error, a command run in-process, and a subprocess that Ctrl-C
-reaches."""
+"""What the CLI's tests share: a bad option's one-line error, a command run in-process (with `train`'s log on its
+stderr), and a subprocess that Ctrl-C reaches."""
 
 from __future__ import annotations
 
+import logging
 import resource
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 
 
 def interruptible() -> None:
@@ -52,3 +54,18 @@ def assert_option_error(proc: subprocess.CompletedProcess, option: str) -> None:
     errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith(f"error: {option}:") and proc.stderr.rstrip().endswith(errors[0]), \
         proc.stderr
+
+
+@contextmanager
+def train_log_on_stderr():
+    """For a `train` command run in this process: its log on sys.stderr (the stream capsys reads) from INFO up, as
+    `train`'s logging.basicConfig puts it in a fresh process (here pytest's own log handlers make that call a no-op)."""
+    root, handler = logging.getLogger(), logging.StreamHandler(sys.stderr)
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_support import assert_option_error, run_main
-from tests.test_training_data_resume import target_dir, train_log_on_stderr  # noqa: F401  (target_dir: a fixture)
+from tests.cli_support import assert_option_error, run_main, train_log_on_stderr
+from tests.test_training_data_resume import target_dir  # noqa: F401  (a fixture: a tiny target with a tokenizer)
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -6,11 +6,9 @@ it; the rest through `main(argv)` in this process."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -61,21 +59,6 @@ def train_here(*args: str) -> int:
     from dflash.cli import main
 
     return main(["train", *args, "--threads", "1"])
-
-
-@contextmanager
-def train_log_on_stderr():
-    """For a `train` command run in this process: its log on sys.stderr (the stream capsys reads) from INFO up, as
-    `train`'s logging.basicConfig puts it in a fresh process (here pytest's own log handlers make that call a no-op)."""
-    root, handler = logging.getLogger(), logging.StreamHandler(sys.stderr)
-    level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    try:
-        yield
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(level)
 
 
 @pytest.fixture

@@ -17,8 +17,7 @@ from dflash.decode.engine import Engine
 from dflash.decode.request import Request
 from dflash.training.data import load_shards
 from dflash.training.fit import FitConfig, Trainer
-from tests.cli_support import interruptible, run_main
-from tests.test_training_data_resume import train_log_on_stderr
+from tests.cli_support import interruptible, run_main, train_log_on_stderr
 
 
 def cfg(data_dir, out, steps):
