@@ -159,11 +159,11 @@ def _check_draft_name(name: Any) -> None:
 def _check_engine_agrees(config: DFlashConfig, engine: Any) -> None:
     """DFlashModel(config, engine) runs the engine as it was loaded: a load option saying otherwise is refused rather
     than ignored. The defaults (dtype/device None, draft "default") leave the engine's."""
-    from dflash.loading.load import draft_source, pick_device, pick_dtype
+    from dflash.loading.load import draft_source, numerics_name, pick_device
 
     tg = engine.target
-    if config.dtype not in (None, "auto") and pick_dtype(config.dtype, tg.device) != tg.dtype:
-        raise ValidationError("dtype", f"this engine runs in {str(tg.dtype).removeprefix('torch.')}, got {config.dtype!r} "
+    if config.dtype not in (None, "auto") and numerics_name(config.dtype, tg.device) != tg.numerics:
+        raise ValidationError("dtype", f"this engine runs in {tg.numerics}, got {config.dtype!r} "
                                        f"(leave it None with an engine)")
     if config.device is not None:
         dev = pick_device(config.device)

@@ -29,10 +29,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target", help="target: local transformers directory (safetensors) or hub id; overrides --preset")
     g.add_argument("--draft", help="DFlash draft: local directory or hub id")
     g.add_argument("--no-draft", action="store_true", help="autoregressive baseline (same loop, no draft)")
-    g.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-                   help="auto = bfloat16 on GPU; on a CPU the faster of float32 (exact) and bfloat16 (fast: identical "
-                        "except at numerical ties), measured once per machine by the host probe and cached; "
-                        "DFLASH_DTYPE also fixes it")
+    g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "int4"], default="auto",
+                   help="auto = bfloat16 on GPU; on a CPU the fastest of float32 (exact), bfloat16 and int4 (the "
+                        "GGUF's own Q4_1 weights; both fast: identical except at numerical ties), measured once per "
+                        "machine by the host probe and cached; DFLASH_DTYPE also fixes it")
     g.add_argument("--device", help="cpu, cuda, cuda:1 … (default: cuda when available)")
     g.add_argument("--threads", type=int, help="torch CPU threads (default: chosen by the host probe; DFLASH_THREADS "
                                                "also fixes it)")

@@ -198,3 +198,7 @@ def test_the_bfloat16_tie_bound_is_the_committed_measurement():
     assert stats.BFLOAT16_TIE_BOUND == bf16["suggested_bound"] == tie_bound_from(bf16["max_abs_diff"])
     f32 = next(r for r in rows if r["dtype"] == "float32")
     assert f32["n_argmax_differs"] == 0 and stats.TIE_BOUND["float32"] == 0.0  # float32 stays strict
+    # int4's measured drift is within bfloat16's bound, which it takes for the hosts not measured
+    int4 = json.loads((Path(__file__).parents[1] / "results" / "numerics" / "logit-drift-int4.json").read_text())
+    (row,) = int4["result"]
+    assert row["dtype"] == "int4" and row["suggested_bound"] <= stats.TIE_BOUND["int4"] == stats.BFLOAT16_TIE_BOUND

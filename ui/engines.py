@@ -85,20 +85,22 @@ def load_preset(name: str, default_draft: str | None = None, **fixed: Any) -> tu
 
 
 def dtype_name(engine: Engine) -> str:
-    return str(engine.target.dtype).removeprefix("torch.")
+    return engine.target.numerics
 
 
 def offered_dtypes(engine: Engine) -> list[str]:
     """The numerics a visitor may choose for `engine`: on a CPU whose settings were chosen for the host, float32
-    (exact) always and bfloat16 (fast) where the host chose it or computes it natively (avx512_bf16 / amx_bf16:
-    emulated bfloat16 is slower than float32, so not worth offering); elsewhere only the engine's own."""
+    (exact) always, bfloat16 (fast) where the host chose it or computes it natively (avx512_bf16 / amx_bf16:
+    emulated bfloat16 is slower than float32, so not worth offering), and int4 where the probe timed it (the target's
+    GGUF has Q4_1 layers); elsewhere only the engine's own."""
     from dflash.loading.host import cpu_flags
 
     own = dtype_name(engine)
     if engine.host is None:
         return [own]
     native = own == "bfloat16" or bool({"avx512_bf16", "amx_bf16"} & set(cpu_flags()))
-    return ["float32", "bfloat16"] if native else ["float32"]
+    int4 = own == "int4" or any(row.get("dtype") == "int4" for row in engine.host.candidates)  # the target has them
+    return ["float32"] + ["bfloat16"] * native + ["int4"] * int4
 
 
 def load_twin(name: str, dtype: str, engine: Engine, default_draft: str | None = None) -> Engine:

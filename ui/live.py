@@ -35,8 +35,8 @@ def hardware(engine) -> str:
         where = f"CPU, {render.count(torch.get_num_threads(), 'thread')}"
         if engine.host is not None:
             prompts = ", prompts in float32 matmuls" if engine.host.float32_from_rows else ""
-            where += f", {engine.host.layout} layout{prompts}; {engine.host.numbers()}"
-    dtype = str(t.dtype).removeprefix("torch.")
+            where += f", {engine.host.weights}{prompts}; {engine.host.numbers()}"
+    dtype = t.numerics
     mode = " (exact)" if dtype == "float32" else " (fast: identical except at numerical ties)"
     return f"{t.name or 'model'} · {where} · {dtype}{mode if t.device.type == 'cpu' else ''}"
 

@@ -24,7 +24,7 @@ LABELS = {"prompt": "Prompt", "preset": "Model preset", "block_size": "Block siz
           "trace_attention": "Record what the draft attends to"}
 
 # The numerics switch's choices (ui/layout.py): the target's dtype and what it means for the output.
-NUMERICS = {"float32": "float32 · exact", "bfloat16": "bfloat16 · fast"}
+NUMERICS = {"float32": "float32 · exact", "bfloat16": "bfloat16 · fast", "int4": "int4 · the GGUF's 4-bit weights · fast"}
 
 INFO = {
     "prompt": ("Your message to the model (its chat template is applied). At most 32,000 characters. Enter starts a new "

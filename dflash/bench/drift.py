@@ -23,7 +23,7 @@ from dflash.decode.stats import tie_bound_from
 from dflash.models.target import Target
 from dflash.verification.verify import top2_gap
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int4": torch.bfloat16}
 
 
 def teacher_forced(target: Target, prompt: list[int], out: list[int], block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,15 +91,23 @@ def check_options(dtypes: list[str], limit: int, max_new_tokens: int, block: int
 
 
 def measure_drift(model, tokenizer, device: torch.device, dtypes: list[str], prompts: str, limit: int,
-                  max_new_tokens: int, block: int) -> list[dict]:
-    """One row per dtype (a copy of `model` cast to it): the drift over the first `limit` prompts of `prompts`."""
+                  max_new_tokens: int, block: int, q4=None) -> list[dict]:
+    """One row per dtype (a copy of `model` cast to it): the drift over the first `limit` prompts of `prompts`.
+    int4 needs `q4`, the target's GGUF Q4_1 layers (`dflash.loading.load.Q4Source`)."""
     from dflash.bench.runner import prepare_prompts
     from dflash.decode.engine import Engine
+    from dflash.models.lean import LeanTarget
 
     check_options(dtypes, limit, max_new_tokens, block)
+    if "int4" in dtypes and (q4 is None or not q4.available):
+        raise ValidationError("dtypes", "int4 needs a target from a Q4_1 GGUF (the default preset's)")
     rows, items = [], None
     for name in dtypes:
-        engine = Engine(Target(copy.deepcopy(model), tokenizer, name=name, device=device, dtype=DTYPES[name]))
+        if name == "int4":
+            target = LeanTarget(copy.deepcopy(model), tokenizer, name=name, dtype=DTYPES[name], q4=q4.layers())
+        else:
+            target = Target(copy.deepcopy(model), tokenizer, name=name, device=device, dtype=DTYPES[name])
+        engine = Engine(target)
         items = items or prepare_prompts(engine, prompts, limit)
         drift = Drift(len(items) * (max_new_tokens - 1) * engine.target.vocab_size)
         for item in items:
@@ -115,14 +123,15 @@ def measure_drift(model, tokenizer, device: torch.device, dtypes: list[str], pro
 
 def logit_drift(args) -> list[dict]:
     """`profile logit-drift`: the target of --target / --preset on --device."""
-    from dflash.loading.load import load_target_model, pick_device
+    from dflash.loading.load import Q4Source, load_target_model, pick_device
     from dflash.loading.registry import get_preset
 
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     check_options(dtypes, args.limit, args.max_new_tokens, args.block)  # before the load
-    model, tokenizer = load_target_model(args.target or get_preset(args.preset).target)
+    source = args.target or get_preset(args.preset).target
+    model, tokenizer = load_target_model(source)
     return measure_drift(model, tokenizer, pick_device(args.device), dtypes, args.prompts, args.limit,
-                         args.max_new_tokens, args.block)
+                         args.max_new_tokens, args.block, Q4Source(source, model.config))
 
 
 def add_parser(sub):

@@ -77,7 +77,7 @@ def forward_costs(args) -> list[dict]:
                     t0 = time.perf_counter()
                     tg.forward(ids[t], cache, capture=False)
                     dt = (time.perf_counter() - t0) * 1000
-                    Target.crop(cache, args.context)
+                    tg.crop(cache, args.context)
                     if rep:
                         times[(layout, t, packed)].append(dt)
         tg.head.enabled = True

@@ -133,7 +133,7 @@ def run_prompt(engine: Engine, item: PromptItem, cfg: BenchConfig, on_run: Calla
             outputs[method].append(out)
     record = {"index": item.index, "text": item.text, "n_prompt_tokens": len(item.ids), "prompt_ids": item.ids,
               "methods": {}}
-    dtype = str(engine.target.dtype).removeprefix("torch.")
+    dtype = engine.target.numerics
     for m in cfg.methods:
         first = outputs[m][0].output_ids
         rec = {"output_ids": first, "text": engine.decode(first), "finish_reason": runs[m][0]["finish_reason"],

@@ -57,7 +57,7 @@ def _sample(plan: _Plan, index: int, repeat: int, base, out) -> dict:
     def tok_s(o) -> float:
         return o.decode_tokens / (o.decode_ms / 1000) if o.decode_ms > 0 else 0.0
 
-    dtype = str(plan.engine.target.dtype).removeprefix("torch.")
+    dtype = plan.engine.target.numerics
     same = compare(base.output_ids, out.output_ids, out.finish_reason, base.target_gaps, out.target_gaps, dtype)
     rate, base_rate = tok_s(out), tok_s(base)
     return {"prompt": index, "repeat": repeat, "tau": float(out.stats.get("tau") or 0.0), "tok_s": rate,

@@ -236,7 +236,7 @@ def run_block(target: Target, run: Run, block: int, chosen: dict[str, tuple[int,
     verify_ms = (time.perf_counter() - t0) * 1000
     a = res.accepted_len
     # Keep the target cache and the proposers' features for the anchor + accepted drafts only.
-    Target.crop(run.cache, start + a + 1)
+    target.crop(run.cache, start + a + 1)
     run.feed(feats[:, : a + 1] if feats is not None else None, start)
     draft_ms = proposal.ms if proposal else 0.0
     yield ev.Verify(block=block, start=start, block_size=b, draft_tokens=drafted, draft_texts=rec.texts(drafted),

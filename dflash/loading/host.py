@@ -115,7 +115,7 @@ class HostSettings:
         whole = {"threads": 1, "block": 1, "float32_from_rows": 0}
         bad = [f"{k}={getattr(self, k)!r}" for k, lo in whole.items()
                if type(getattr(self, k)) is not int or getattr(self, k) < lo]
-        bad += [f"{k}={getattr(self, k)!r}" for k, allowed in (("dtype", ("float32", "bfloat16", "float16")),
+        bad += [f"{k}={getattr(self, k)!r}" for k, allowed in (("dtype", ("float32", "bfloat16", "float16", "int4")),
                                                                 ("layout", LAYOUTS), ("source", SOURCES))
                 if getattr(self, k) not in allowed]
         if type(self.probe_s) not in (int, float) or not isinstance(self.candidates, list) \
@@ -154,11 +154,16 @@ class HostSettings:
             verify = f", {n}-token verify {ms:.0f} ms" if ms is not None else ""
         return f"1-token step {row['step_ms']:.0f} ms{verify} ({how})"
 
+    @property
+    def weights(self) -> str:
+        """How the decoder's weights are held: 'transposed layout', or for int4 'GGUF Q4_1 blocks as int4'."""
+        return "GGUF Q4_1 blocks as int4" if self.dtype == "int4" else f"{self.layout} layout"
+
     def summary(self) -> str:
         """One line for a stats panel: 'float32 · 2 threads · transposed layout (exact; probed in 3.1 s)'."""
         mode = self.mode if self.exact else "fast mode: identical except at numerical ties"
         prompts = " · prompts in float32 matmuls" if self.float32_from_rows else ""
-        return f"{self.dtype} · {self.threads} thread{'s' * (self.threads != 1)} · {self.layout} layout{prompts} " \
+        return f"{self.dtype} · {self.threads} thread{'s' * (self.threads != 1)} · {self.weights}{prompts} " \
                f"({mode}; {self.origin()})"
 
 
@@ -249,10 +254,10 @@ def env_dtype() -> str | None:
     raw = os.environ.get("DFLASH_DTYPE", "").strip()
     if raw in ("", "auto"):
         return None
-    if raw not in ("float32", "bfloat16"):
+    if raw not in ("float32", "bfloat16", "int4"):
         from dflash.errors import ValidationError
 
-        raise ValidationError("DFLASH_DTYPE", f"must be float32, bfloat16 or auto, got {raw!r}")
+        raise ValidationError("DFLASH_DTYPE", f"must be float32, bfloat16, int4 or auto, got {raw!r}")
     return raw
 
 
@@ -271,11 +276,12 @@ def env_probe() -> str:
 
 
 def choose(model: nn.Module, model_id: str, block: int, cache_file: Path, dtype: str | None = None,
-           threads: int | None = None) -> HostSettings:
+           threads: int | None = None, q4=None) -> HostSettings:
     """The settings for `model` on this machine: read back from `cache_file` or probed now (and written there).
     `dtype` / `threads`, when given, are fixed: only the rest is probed. DFLASH_PROBE=0 skips the probe
-    (float32, the current threads, F.linear layout); DFLASH_PROBE=refresh ignores the cached choice."""
-    dtypes = [dtype] if dtype else ["float32", "bfloat16"]
+    (float32, the current threads, F.linear layout); DFLASH_PROBE=refresh ignores the cached choice.
+    q4: the model's GGUF Q4_1 layers (`dflash.loading.load.Q4Source`), which make int4 a candidate; None: not one."""
+    dtypes = [dtype] if dtype else ["float32", "bfloat16"] + (["int4"] if q4 is not None else [])
     counts = [threads] if threads else thread_candidates()
     mode = env_probe()
     if mode == "0":
@@ -289,7 +295,7 @@ def choose(model: nn.Module, model_id: str, block: int, cache_file: Path, dtype:
     # Said at once (a WARNING, so that Python prints it even where no logging is set up: the CLI's first start).
     # About a second per (dtype, threads) candidate on the default 135M target (four took 2.8 s on a 2-core Xeon).
     log.warning("measuring this CPU once to choose its settings (~%d s; kept for later starts)…", len(dtypes) * len(counts))
-    settings = HostSettings(**probe(model, block, dtypes, counts), source="probe", block=block, machine=machine_key(),
+    settings = HostSettings(**probe(model, block, dtypes, counts, q4), source="probe", block=block, machine=machine_key(),
                             load_per_core=load)
     write_cached(cache_file, key, settings)
     return settings

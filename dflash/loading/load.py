@@ -26,6 +26,7 @@ from dflash.errors import ModelLoadError, ValidationError
 from dflash.loading.host import HostSettings, env_dtype, env_probe, env_threads, threads_problem
 from dflash.loading.host import choose as choose_settings
 from dflash.loading.registry import draft_dir_problem, get_preset, looks_like_hub_id
+from dflash.models.lean import LeanTarget, lean_supported
 from dflash.models.target import Target
 from dflash.verification.verify_dispatch import backend as kernel_backend
 from dflash.loading.zerogpu import zero_gpu
@@ -57,16 +58,18 @@ def check_threads(threads: int | None) -> None:
         raise ValidationError("threads", problem)
 
 
-# The dtype names the loader takes, besides "auto" (and None): its own choice. --dtype offers auto, float32, bfloat16.
+# The numerics names the loader takes, besides "auto" (and None): its own choice; each maps to its activation dtype.
+# --dtype offers auto, float32, bfloat16, int4. int4: the GGUF's Q4_1 linear layers as 4-bit groups, bfloat16
+# activations (dflash.models.lean; CPU, Llama-family targets from a Q4_1 GGUF only).
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+          "float16": torch.float16, "fp16": torch.float16, "int4": torch.bfloat16}
 
 
 def check_dtype(dtype: object) -> None:
     """A dtype name the loader takes (None, "auto" or a DTYPES key), else a ValidationError naming `dtype`: the one
     check of `pick_dtype` and of `DFlashConfig`, which runs it at construction."""
     if dtype is not None and dtype != "auto" and not (isinstance(dtype, str) and dtype in DTYPES):
-        raise ValidationError("dtype", f"unknown {dtype!r}; choose auto, float32 or bfloat16 (None: auto)")
+        raise ValidationError("dtype", f"unknown {dtype!r}; choose auto, float32, bfloat16 or int4 (None: auto)")
 
 
 def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -77,6 +80,11 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.d
         # CUDA: bf16. CPU: float32 unless the host probe (dflash.loading.host, in load_engine) measures bf16 faster.
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return DTYPES[dtype]
+
+
+def numerics_name(dtype: str | torch.dtype | None, device: torch.device) -> str:
+    """The numerics a dtype option names, as `Target.numerics` reports them: "int4", or the dtype's name."""
+    return "int4" if dtype == "int4" else str(pick_dtype(dtype, device)).removeprefix("torch.")
 
 
 # -- the target model ---------------------------------------------------------------------------------------
@@ -333,7 +341,7 @@ def load_engine(preset: str | None = "default", target: str | None = None, draft
         info.update(draft=shown_path(draft), draft_load_s=time.perf_counter() - t0)
     tgt, host = _cpu_target(model, tokenizer, name, target, dev, dtype, threads, dmodel)
     tgt = tgt or Target(model, tokenizer, name=name, device=dev, dtype=dt)
-    info.update(device=str(tgt.device), dtype=str(tgt.dtype).removeprefix("torch."))
+    info.update(device=str(tgt.device), dtype=tgt.numerics)
     if host is not None:
         info["host"] = host.to_dict()
     if quantize:
@@ -355,12 +363,51 @@ def _cpu_target(model, tokenizer, name: str, source: str, dev: torch.device, dty
     tgt = Target(model, tokenizer, name=name, device=dev, dtype=torch.float32)
     if not tgt.cpu_fast_paths:
         return None, None
-    fixed = None if dtype in (None, "auto") else str(pick_dtype(dtype, dev)).removeprefix("torch.")
+    fixed = None if dtype in (None, "auto") else numerics_name(dtype, dev)
+    q4 = Q4Source(source, model.config)
+    if fixed == "int4" and not q4.available:
+        raise ValidationError("dtype", f"int4 runs the Q4_1 linear layers of a Llama-family GGUF; {source} has none "
+                                       "(choose float32 or bfloat16)")
     block = draft.config.block_size if draft is not None else 1
-    host = choose_settings(model, source, block, CACHE_DIR / "host-settings.json", dtype=fixed, threads=threads)
+    host = choose_settings(model, source, block, CACHE_DIR / "host-settings.json", dtype=fixed, threads=threads,
+                           q4=q4 if q4.available else None)
     torch.set_num_threads(host.threads)
+    if host.dtype == "int4":
+        return LeanTarget(model, tokenizer, name=name, dtype=torch.bfloat16, q4=q4.layers()), host
     return Target(model, tokenizer, name=name, device=dev, dtype=getattr(torch, host.dtype), layout=host.layout,
                   float32_from_rows=host.float32_from_rows), host
+
+
+class Q4Source:
+    """The Q4_1 linear layers of a target loaded from a GGUF (`dflash.models.gguf_blocks`), read on first use: only a
+    probe that times int4, or an engine that runs it, pays for reading them."""
+
+    def __init__(self, source: str, config):
+        self.path = _gguf_path(source) if source.startswith("gguf:") else None
+        self.config = config
+        self._layers = None
+
+    @property
+    def available(self) -> bool:
+        return self.path is not None and lean_supported(self.config)
+
+    def layers(self):
+        if self._layers is None:
+            from dflash.models.gguf_blocks import read_q4_linears
+
+            c = self.config
+            self._layers = read_q4_linears(self.path, c.num_attention_heads, c.num_key_value_heads)
+            if self._layers is None:
+                raise ValidationError("dtype", f"int4: {self.path.name} does not hold every linear layer as Q4_1")
+        return self._layers
+
+
+def _gguf_path(source: str) -> Path | None:
+    """The GGUF file a gguf: source names, when its decoder's linear layers are all Q4_1."""
+    from dflash.models.gguf_blocks import linears_are_q4_1
+
+    directory, filename = _gguf_location(source)
+    return directory / filename if linears_are_q4_1(directory / filename) else None
 
 
 def shown_path(draft: str) -> str:

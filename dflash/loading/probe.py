@@ -20,7 +20,7 @@ from torch import nn
 from dflash.decode.adaptive import PRIOR_ALPHA, expected_tokens
 from dflash.models.packed import LAYOUTS, Float32Matmul, LayoutSwitch, TransposedLinear
 
-PROBE_VERSION = 12  # 2: fewer threads for the leading dtype only; 3: layouts interleaved, fastest rep; 4: 64-token context;
+PROBE_VERSION = 13  # 2: fewer threads for the leading dtype only; 3: layouts interleaved, fastest rep; 4: 64-token context;
 # 5: scored by expected ms per token (pair or block verify), slow candidates dropped after one timing; 6: dtypes
 # interleaved too, a context cast from float32's, fewer threads dropped like the rest, float32 matmuls for prefills;
 # 7: warm-ups of one token, the low-precision copy cast while copying; 8: the leader's thread counts interleaved, a
@@ -28,7 +28,7 @@ PROBE_VERSION = 12  # 2: fewer threads for the leading dtype only; 3: layouts in
 # engine's near tie goes to the faster one-token step (`choose`), a lone candidate left is not timed again; 11: the
 # context's keys and values drawn at random, not prefilled (`_context`); an untimed block bounded by the pair; 12: the
 # warm-up ends once the steps are `steady`; a layout far behind at one layer's products not built
-# (`layouts_worth_timing`)
+# (`layouts_worth_timing`); 13: int4 (the GGUF's Q4_1 blocks in dflash.models.lean) a candidate where the target has them
 CONTEXT = 64  # positions in the KV cache while timing
 REPS = 2  # timed forwards per shape and candidate (the fastest is kept), after one warm-up
 THREAD_REPS = 3  # the same for the leader's thread counts, timed against each other (see `_thread_rows`)
@@ -174,15 +174,21 @@ def _timing(ms: dict[int, float], sizes: list[int], block: int) -> dict:
     return {**row, "partial": True} if len(ms) < len(sizes) else row
 
 
-def _prepared(model: nn.Module, dtypes: list[str]) -> dict:
+def _prepared(model: nn.Module, dtypes: list[str], q4=None) -> dict:
     """dtype → (Target over `model` in that dtype, its cache holding CONTEXT positions: `_context`). float32 runs on
-    `model` itself, other dtypes on copies."""
+    `model` itself, other dtypes on copies; int4 is a `LeanTarget` of the GGUF's Q4_1 layers (`q4`), sharing the
+    bfloat16 copy's embedding and head."""
+    from dflash.models.lean import LeanTarget, decoder_linear_weights
     from dflash.models.target import Target
 
     out = {}
     for dtype in dtypes:
-        target = Target(model if dtype == "float32" else _copy_in(model, getattr(torch, dtype)), None,
-                        dtype=getattr(torch, dtype))
+        if dtype == "int4":  # a copy without the dense decoder weights, which the int4 layers replace
+            copy_ = _copy_in(model, torch.bfloat16, skip=decoder_linear_weights(model))
+            target = LeanTarget(copy_, None, dtype=torch.bfloat16, q4=q4.layers())
+        else:
+            target = Target(model if dtype == "float32" else _copy_in(model, getattr(torch, dtype)), None,
+                            dtype=getattr(torch, dtype))
         out[dtype] = (target, _context(target))
     return out
 
@@ -197,14 +203,22 @@ def _context(target) -> object:
     cache = target.new_cache()
     for i in range(target.num_layers):
         keys, values = (torch.randn(1, heads, CONTEXT, head_dim, generator=gen).to(target.dtype) for _ in range(2))
-        cache.update(keys, values, i)
+        if hasattr(cache, "update"):
+            cache.update(keys, values, i)
+        else:  # dflash.models.lean.KVCache: [layers, heads, capacity, head_dim]
+            cache.k[i, :, :CONTEXT], cache.v[i, :, :CONTEXT] = keys[0], values[0]
+    if not hasattr(cache, "update"):
+        cache.length = CONTEXT
     return cache
 
 
-def _copy_in(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+def _copy_in(model: nn.Module, dtype: torch.dtype, skip: list[torch.Tensor] = ()) -> nn.Module:
     """A copy of `model` whose parameters are cast while copying (tied ones stay tied): copying the float32
-    weights first and casting them after would write every weight twice."""
-    memo = {id(p): nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad) for p in model.parameters()}
+    weights first and casting them after would write every weight twice. `skip`: parameters left empty in the copy
+    (the caller replaces them)."""
+    empty = {id(p) for p in skip}
+    memo = {id(p): nn.Parameter(p.detach().new_empty(0, dtype=dtype) if id(p) in empty else p.detach().to(dtype),
+                                requires_grad=p.requires_grad) for p in model.parameters()}
     return copy.deepcopy(model, memo)
 
 
@@ -271,7 +285,7 @@ def _thread_rows(rows: list[dict], lead: dict, prepared: tuple, block: int, thre
     return [again[0] if r is lead else r for r in rows] + again[1:]
 
 
-def probe(model: nn.Module, block: int, dtypes: list[str], threads: list[int]) -> dict:
+def probe(model: nn.Module, block: int, dtypes: list[str], threads: list[int], q4=None) -> dict:
     """Time the candidates on `model` and return the fastest (`HostSettings` fields); a few seconds on a 135M model.
 
     After a warm-up (WARM_S), every dtype in each weight layout worth timing (`layouts_worth_timing`: both, unless
@@ -283,26 +297,29 @@ def probe(model: nn.Module, block: int, dtypes: list[str], threads: list[int]) -
     most = max(threads)
     try:
         torch.set_num_threads(most)
-        prepared = _prepared(model, dtypes)
+        prepared = _prepared(model, dtypes, q4)
         _warm_up(prepared, WARM_S)
-        switches = {d: LayoutSwitch(t.model.model.layers) for d, (t, _) in prepared.items()}
+        dense = [d for d in dtypes if d != "int4"]  # int4's lean decoder has one arrangement of its weights
+        switches = {d: LayoutSwitch(prepared[d][0].model.model.layers) for d in dense}
 
         def put(dtype, layout):
-            switches[dtype].set(layout)
+            if dtype in switches:
+                switches[dtype].set(layout)
             return prepared[dtype]
 
-        worth = {d: layouts_worth_timing(t.model.model.layers, block) for d, (t, _) in prepared.items()}
+        worth = {d: layouts_worth_timing(prepared[d][0].model.model.layers, block) for d in dense}
+        worth |= {d: (["linear"], {}) for d in dtypes if d not in switches}
         # No warm-up forward: `_warm_up` has just run every dtype's one-token step (thread pools, allocator)
         timed = _measure({(d, lay): partial(put, d, lay) for d in dtypes for lay in worth[d][0]}, block, warm=False)
         rows = _rows(timed, dtypes, most)
         lead = choose(rows, block)
-        for d in dtypes:  # each copy keeps its faster layout (float32's is `model`'s); the other's weights go
+        for d in dense:  # each copy keeps its faster layout (float32's is `model`'s); the other's weights go
             switches[d].set(next(r["layout"] for r in rows if r["dtype"] == d))
         if len(threads) > 1:
             rows = _thread_rows(rows, lead, prepared[lead["dtype"]], block, sorted(threads, reverse=True))
         best = choose(rows, block)
         matmul = {}
-        if best["dtype"] != "float32":
+        if best["dtype"] not in ("float32", "int4"):
             torch.set_num_threads(best["threads"])
             matmul = matmul_ms(prepared[best["dtype"]][0].model.model.layers, MATMUL_ROWS)
     finally:

@@ -126,6 +126,12 @@ class Target:
         self.float32_from_rows = float32_from_rows if (self._split_head and dtype != torch.float32) else 0
 
     @property
+    def numerics(self) -> str:
+        """The engine's numerics as runs record them: its dtype's name ("float32", "bfloat16"), or "int4" for the
+        GGUF's 4-bit weights (dflash.models.lean)."""
+        return str(self.dtype).removeprefix("torch.")
+
+    @property
     def layout(self) -> str:
         """How the decoder's linear weights are stored: "linear" (as loaded) or "transposed" (dflash.models.packed)."""
         return layout_of(self.model.model.layers) if hasattr(self.model, "model") else "linear"
