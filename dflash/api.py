@@ -110,6 +110,9 @@ class DFlashModel:
             from dflash.models.target import Target
 
             dev = pick_device(config.device)
+            if config.dtype == "int4":
+                raise ValidationError("dtype", "int4 runs the Q4_1 layers of a GGUF target; a loaded transformers model "
+                                               "has none (load the preset, or choose float32 or bfloat16)")
             tgt = Target(target, tokenizer, name=getattr(target.config, "_name_or_path", ""), device=dev,
                          dtype=pick_dtype(config.dtype, dev))
             dmodel, vocab = load_draft(resolve_draft_dir(draft_dir))

@@ -335,7 +335,7 @@ def test_the_host_settings_are_probed_once_then_read_back(models, tmp_path, here
     assert settings["matmul_ms"] == {} and settings["float32_from_rows"] == 0  # … never for float32
     monkeypatch.setenv("DFLASH_DTYPE", "fp8")
     bad = here(*run)
-    assert bad.returncode == 2 and "DFLASH_DTYPE: must be float32, bfloat16 or auto" in bad.stderr
+    assert bad.returncode == 2 and "DFLASH_DTYPE: must be float32, bfloat16, int4 or auto" in bad.stderr
     assert "Traceback" not in bad.stderr
 
 

@@ -280,8 +280,9 @@ def choose(model: nn.Module, model_id: str, block: int, cache_file: Path, dtype:
     """The settings for `model` on this machine: read back from `cache_file` or probed now (and written there).
     `dtype` / `threads`, when given, are fixed: only the rest is probed. DFLASH_PROBE=0 skips the probe
     (float32, the current threads, F.linear layout); DFLASH_PROBE=refresh ignores the cached choice.
-    q4: the model's GGUF Q4_1 layers (`dflash.loading.load.Q4Source`), which make int4 a candidate; None: not one."""
-    dtypes = [dtype] if dtype else ["float32", "bfloat16"] + (["int4"] if q4 is not None else [])
+    q4: the model's GGUF Q4_1 layers (`dflash.loading.load.Q4Source`), needed where `dtype` is int4. int4 is opt-in
+    for now (--dtype int4, DFLASH_DTYPE=int4): not yet a candidate of the automatic choice."""
+    dtypes = [dtype] if dtype else ["float32", "bfloat16"]
     counts = [threads] if threads else thread_candidates()
     mode = env_probe()
     if mode == "0":
